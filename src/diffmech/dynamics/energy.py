@@ -1,0 +1,38 @@
+"""Kinetic and potential energy."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..model.robot import RobotModel
+from ._common import as_state, masks, tree_state, world_inertia
+from .kinematics import link_placements
+
+__all__ = ["kinetic_energy", "potential_energy"]
+
+
+def kinetic_energy(model: RobotModel, q: Tensor, v: Tensor) -> Tensor:
+    """``T = 1/2 v^T M(q) v`` as a sum over bodies, ``(...)`` J."""
+    flat, batch = as_state(model, [("q", q, model.nq), ("v", v, model.nv)])
+    qf, vf = flat
+    ts = tree_state(model, qf)
+    mask_bd, _, _ = masks(model, qf)
+    V = mask_bd @ (ts.S * vf[..., None])
+    Iw = world_inertia(ts)
+    return 0.5 * (V * (Iw @ V[..., None])[..., 0]).sum((-1, -2)).reshape(batch)
+
+
+def potential_energy(model: RobotModel, q: Tensor, *, passive: bool = True) -> Tensor:
+    """Gravitational energy ``-sum m_i g . c_i`` (plus joint springs ``1/2 k (q - rest)^2`` when
+    ``passive``), ``(...)`` J; zero at the world origin."""
+    flat, batch = as_state(model, [("q", q, model.nq)])
+    qf = flat[0]
+    ts = tree_state(model, qf)
+    mt = ts.mt
+    R, p = link_placements(model, ts)
+    c = p + (R @ mt.link_com[..., None])[..., 0]
+    U = -(mt.link_mass[:, None] * c * mt.gravity).sum((-1, -2))
+    if passive and model.nj:
+        dq = qf[:, model._q_joint_start:] - mt.rest
+        U = U + 0.5 * (mt.stiffness * dq * dq).sum(-1)
+    return U.reshape(batch)

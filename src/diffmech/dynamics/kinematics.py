@@ -1,0 +1,163 @@
+"""Forward kinematics, frame Jacobians, centre of mass and configuration integration."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .. import spatial
+from ..errors import ShapeError
+from ..model.robot import RobotModel
+from ._common import TreeState, as_state, masks, tree_state
+
+__all__ = ["forward_kinematics", "link_pose", "jacobian", "center_of_mass", "integrate", "link_placements"]
+
+FRAMES = ("world_aligned", "local", "world")
+
+
+def link_placements(model: RobotModel, ts: TreeState) -> tuple[Tensor, Tensor]:
+    """World placements of every link from body placements: ``(B, n_links, 3, 3), (B, n_links, 3)``."""
+    mt = ts.mt
+    lb = torch.tensor(model.link_body, device=ts.R.device)
+    world = lb < 0
+    # Links fixed to the world keep their offset as their world placement.
+    R_b = ts.R[:, lb.clamp_min(0)]
+    p_b = ts.p[:, lb.clamp_min(0)]
+    if bool(world.any()):
+        eye = torch.eye(3, dtype=ts.R.dtype, device=ts.R.device)
+        R_b = torch.where(world[:, None, None], eye, R_b)
+        p_b = torch.where(world[:, None], torch.zeros_like(p_b), p_b)
+    R = R_b @ mt.link_R
+    p = p_b + (R_b @ mt.link_p[..., None])[..., 0]
+    return R, p
+
+
+def forward_kinematics(model: RobotModel, q: Tensor) -> Tensor:
+    """World poses of all links.
+
+    Args:
+        q: (..., nq) configuration.
+
+    Returns:
+        (..., n_links, 4, 4) homogeneous transforms ``T_world_link`` in ``model.link_names`` order.
+    """
+    flat, batch = as_state(model, [("q", q, model.nq)])
+    R, p = link_placements(model, tree_state(model, flat[0]))
+    return spatial.homogeneous(R, p).reshape(*batch, model.n_links, 4, 4)
+
+
+def link_pose(model: RobotModel, q: Tensor, link: str | int) -> Tensor:
+    """World pose ``T_world_link (..., 4, 4)`` of one link."""
+    li = model.link_index(link)
+    flat, batch = as_state(model, [("q", q, model.nq)])
+    ts = tree_state(model, flat[0])
+    R, p = _one_link(model, ts, li)
+    return spatial.homogeneous(R, p).reshape(*batch, 4, 4)
+
+
+def _one_link(model: RobotModel, ts: TreeState, li: int) -> tuple[Tensor, Tensor]:
+    b = model.link_body[li]
+    Rl, pl = ts.mt.link_R[li], ts.mt.link_p[li]
+    if b < 0:
+        B = ts.R.shape[0]
+        return Rl.expand(B, 3, 3), pl.expand(B, 3)
+    R_b, p_b = ts.R[:, b], ts.p[:, b]
+    return R_b @ Rl, p_b + (R_b @ pl[..., None])[..., 0]
+
+
+def jacobian(
+    model: RobotModel,
+    q: Tensor,
+    link: str | int,
+    *,
+    frame: str = "world_aligned",
+    point: Tensor | None = None,
+) -> Tensor:
+    """Geometric Jacobian of a link: ``(v; w) = J(q) qd``.
+
+    Args:
+        q: (..., nq) configuration.
+        link: link name or index.
+        frame: ``"world_aligned"`` (default; world axes, velocity of the link origin -- Pinocchio's
+            LOCAL_WORLD_ALIGNED), ``"local"`` (link axes, link origin -- Pinocchio's LOCAL) or
+            ``"world"`` (spatial velocity at the world origin -- Pinocchio's WORLD).
+        point: optional (..., 3) offset of the point on the link, in link coordinates, whose
+            velocity the linear rows give (``world_aligned`` and ``local`` only).
+
+    Returns:
+        (..., 6, nv) with rows (linear; angular).
+    """
+    if frame not in FRAMES:
+        raise ShapeError(f"jacobian: unknown frame '{frame}'; choose from {FRAMES}")
+    li = model.link_index(link)
+    entries = [("q", q, model.nq)]
+    if point is not None:
+        if frame == "world":
+            raise ShapeError("jacobian: 'point' has no meaning with frame='world'")
+        entries.append(("point", point, 3))
+    flat, batch = as_state(model, entries)
+    qf = flat[0]
+    ts = tree_state(model, qf)
+    R, p = _one_link(model, ts, li)
+    mask_bd, _, _ = masks(model, qf)
+    b = model.link_body[li]
+    S = ts.S * (mask_bd[b][:, None] if b >= 0 else 0.0)  # (B, nv, 6), columns that move the link
+    if point is not None:
+        p = p + (R @ flat[1][..., None])[..., 0]
+    if frame == "world":
+        J = S
+    else:
+        lin = S[..., :3] + torch.linalg.cross(S[..., 3:], p[:, None].expand_as(S[..., 3:]))
+        J = torch.cat([lin, S[..., 3:]], dim=-1)
+        if frame == "local":
+            Rt = R.transpose(-1, -2)[:, None]
+            J = torch.cat([(Rt @ J[..., :3, None])[..., 0], (Rt @ J[..., 3:, None])[..., 0]], dim=-1)
+    return J.transpose(-1, -2).reshape(*batch, 6, model.nv)
+
+
+def center_of_mass(model: RobotModel, q: Tensor) -> Tensor:
+    """Centre of mass of all links (world-fixed ones included) in the world, ``(..., 3)`` m."""
+    flat, batch = as_state(model, [("q", q, model.nq)])
+    ts = tree_state(model, flat[0])
+    R, p = link_placements(model, ts)
+    mt = ts.mt
+    c = p + (R @ mt.link_com[..., None])[..., 0]
+    m = mt.link_mass
+    return ((m[:, None] * c).sum(-2) / m.sum()).reshape(*batch, 3)
+
+
+def integrate(model: RobotModel, q: Tensor, v: Tensor, dt: float | Tensor = 1.0) -> Tensor:
+    """Configuration after moving with constant velocity ``v`` for ``dt`` seconds.
+
+    Joints: ``q + v dt``. Floating base: ``T_next = T exp(v_base dt)`` (``v_base`` in the base
+    frame, Pinocchio's ``integrate``), with the quaternion kept unit norm.
+
+    Args:
+        q: (..., nq); v: (..., nv); dt: scalar or tensor broadcastable to the batch.
+
+    Returns:
+        (..., nq).
+    """
+    flat, batch = as_state(model, [("q", q, model.nq), ("v", v, model.nv)])
+    qf, vf = flat
+    dt = torch.as_tensor(dt, dtype=qf.dtype, device=qf.device)
+    if dt.dim() > 0:
+        dt = dt.expand(*batch).reshape(-1, 1)
+    dv = vf * dt
+    if not model.floating_base:
+        return (qf + dv).reshape(*batch, model.nq)
+    quat = qf[:, 3:7]
+    R = spatial.quat_to_matrix(quat)
+    _, p_e = spatial.se3_exp(dv[:, :6])
+    pos = qf[:, :3] + (R @ p_e[..., None])[..., 0]
+    w = dv[:, 3:6]
+    half2 = (w * w).sum(-1, keepdim=True) / 4
+    small = half2 < 1e-12
+    safe = torch.where(small, torch.ones_like(half2), half2).sqrt()
+    s = torch.where(small, 0.5 - half2 / 12, torch.sin(safe) / (2 * safe))  # sin(|w|/2)/|w|
+    cw = torch.where(small, 1 - half2 / 2, torch.cos(safe))
+    dq = torch.cat([w * s, cw], dim=-1)
+    quat_new = spatial.quat_multiply(quat, dq)
+    quat_new = quat_new / quat_new.norm(dim=-1, keepdim=True)
+    out = torch.cat([pos, quat_new, qf[:, 7:] + dv[:, 6:]], dim=-1)
+    return out.reshape(*batch, model.nq)

@@ -1,0 +1,96 @@
+"""Inverse dynamics by the Recursive Newton-Euler Algorithm (Featherstone 2008, ch. 5).
+
+Written in the world frame: velocities and accelerations of all bodies are sums over ancestor
+joints and the joint forces sums over subtrees, so each sweep of the textbook recursion is one
+masked matrix product over all bodies.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from .. import spatial
+from ..model.robot import ModelTensors, RobotModel
+from ._common import (
+    TreeState, as_state, external_body_forces, f_ext_entry, gravity_acceleration, masks, passive_forces,
+    tree_state, world_inertia,
+)
+
+__all__ = ["rnea", "bias_forces", "generalized_gravity", "rnea_flat"]
+
+
+def rnea_flat(
+    model: RobotModel,
+    q: Tensor,
+    v: Tensor,
+    a: Tensor,
+    f_ext: Tensor | None = None,
+    passive: bool = True,
+    mt: ModelTensors | None = None,
+    ts: TreeState | None = None,
+) -> Tensor:
+    """RNEA on flat batches: ``q (B, nq), v (B, nv), a (B, nv), f_ext (B, n_links, 6) -> (B, nv)``."""
+    if ts is None:
+        ts = tree_state(model, q, mt)
+    mt = ts.mt
+    S = ts.S
+    Iw = world_inertia(ts)
+    mask_bd, _, _ = masks(model, q)
+    V = mask_bd @ (S * v[..., None])  # (B, nb, 6) body spatial velocities
+    dS = spatial.motion_cross(V[:, model.dof_body], S)  # d/dt of each column moving with its body
+    A = mask_bd @ (S * a[..., None] + dS * v[..., None]) + gravity_acceleration(mt)
+    F = (Iw @ A[..., None])[..., 0] + spatial.force_cross(V, (Iw @ V[..., None])[..., 0])
+    if f_ext is not None:
+        F = F - external_body_forces(model, ts, f_ext)
+    tau = (S * (mask_bd.transpose(0, 1) @ F)).sum(-1)  # project subtree forces on each joint
+    if passive:
+        tau = tau - passive_forces(model, mt, q, v)
+    return tau
+
+
+def rnea(
+    model: RobotModel,
+    q: Tensor,
+    v: Tensor,
+    a: Tensor,
+    *,
+    f_ext: Tensor | None = None,
+    passive: bool = True,
+) -> Tensor:
+    """Inverse dynamics: the joint forces that produce accelerations ``a``.
+
+    ``tau = M(q) a + C(q, v) v + g(q) - J^T f_ext - tau_passive(q, v)``.
+
+    Args:
+        model: the robot.
+        q: (..., nq) configuration.
+        v: (..., nv) joint velocities.
+        a: (..., nv) joint accelerations.
+        f_ext: optional (..., n_links, 6) external force; torque (N; N m) on each link, in
+            world-aligned axes, torque about the link origin.
+        passive: subtract the model's joint damping and spring forces (``False``: the bare
+            rigid-body terms, as Pinocchio's ``rnea``).
+
+    Returns:
+        (..., nv) joint forces (N m or N); the batch shape is the broadcast of the inputs'.
+    """
+    flat, batch = as_state(
+        model, [("q", q, model.nq), ("v", v, model.nv), ("a", a, model.nv), f_ext_entry(model, f_ext)]
+    )
+    tau = rnea_flat(model, *flat[:3], f_ext=flat[3] if f_ext is not None else None, passive=passive)
+    return tau.reshape(*batch, model.nv)
+
+
+def bias_forces(model: RobotModel, q: Tensor, v: Tensor, *, passive: bool = True) -> Tensor:
+    """``h(q, v) = C(q, v) v + g(q) (- tau_passive)``, ``(..., nv)``: RNEA with zero acceleration."""
+    flat, batch = as_state(model, [("q", q, model.nq), ("v", v, model.nv)])
+    qf, vf = flat
+    return rnea_flat(model, qf, vf, vf.new_zeros(()).expand_as(vf), passive=passive).reshape(*batch, model.nv)
+
+
+def generalized_gravity(model: RobotModel, q: Tensor) -> Tensor:
+    """Gravity torques ``g(q) (..., nv)``: RNEA at rest, without springs or damping."""
+    flat, batch = as_state(model, [("q", q, model.nq)])
+    qf = flat[0]
+    z = qf.new_zeros(qf.shape[0], model.nv)
+    return rnea_flat(model, qf, z, z, passive=False).reshape(*batch, model.nv)

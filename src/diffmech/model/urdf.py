@@ -1,0 +1,136 @@
+"""URDF -> :class:`RobotModel`, with yourdfpy parsing the XML."""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import warnings
+
+import numpy as np
+import torch
+
+from ..errors import URDFError
+from .robot import RobotModel
+from .spec import JOINT_TYPES, JointSpec, LinkSpec, RobotSpec
+
+__all__ = ["load_urdf", "parse_urdf"]
+
+
+def _rpy(R: np.ndarray) -> tuple[float, float, float]:
+    sp = float(np.clip(-R[2, 0], -1.0, 1.0))
+    pitch = math.asin(sp)
+    if math.hypot(R[2, 1], R[2, 2]) < 1e-10:  # gimbal lock: put all of the rotation into roll
+        return (math.atan2(-R[1, 2], R[1, 1]), pitch, 0.0)
+    return (math.atan2(R[2, 1], R[2, 2]), pitch, math.atan2(R[1, 0], R[0, 0]))
+
+
+def _num(value, what: str, src: str) -> float:
+    if value is None:
+        return 0.0
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise URDFError(f"{src}: {what} is not a number: {value!r}") from None
+
+
+def parse_urdf(path_or_xml: str | os.PathLike) -> RobotSpec:
+    """Read a URDF file (or an XML string) into a :class:`RobotSpec`.
+
+    Raises:
+        URDFError: malformed XML, unknown joint types, mimic joints, bad numbers; the message
+            names the file and the joint or link.
+    """
+    import yourdfpy
+    from lxml import etree
+
+    text = os.fspath(path_or_xml)
+    is_xml = text.lstrip().startswith("<")
+    src = "<urdf string>" if is_xml else text
+    if not is_xml and not os.path.isfile(text):
+        raise URDFError(f"{src}: no such URDF file")
+    try:
+        data = io.BytesIO(text.encode()) if is_xml else text
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            urdf = yourdfpy.URDF.load(
+                data, build_scene_graph=False, build_collision_scene_graph=False,
+                load_meshes=False, load_collision_meshes=False,
+            )
+    except etree.XMLSyntaxError as e:
+        raise URDFError(f"{src}: malformed XML: {e}") from None
+    except Exception as e:  # yourdfpy raises assorted errors on invalid content
+        raise URDFError(f"{src}: cannot parse URDF: {type(e).__name__}: {e}") from None
+    robot = urdf.robot
+    links = []
+    for link in robot.links:
+        inert = link.inertial
+        if inert is None:
+            links.append(LinkSpec(name=link.name, has_inertial=False))
+            continue
+        T = np.eye(4) if inert.origin is None else np.asarray(inert.origin, dtype=float)
+        Rin = T[:3, :3]
+        I = np.zeros((3, 3)) if inert.inertia is None else np.asarray(inert.inertia, dtype=float)
+        Ilink = Rin @ I @ Rin.T  # inertial <origin rpy> rotates the principal axes into the link frame
+        links.append(LinkSpec(
+            name=link.name,
+            mass=_num(inert.mass, f"mass of link '{link.name}'", src),
+            com=tuple(float(x) for x in T[:3, 3]),
+            inertia=tuple(tuple(float(x) for x in row) for row in Ilink),
+        ))
+    joints = []
+    for j in robot.joints:
+        if j.type not in JOINT_TYPES:
+            raise URDFError(
+                f"{src}: joint '{j.name}' has type '{j.type}', which diffmech does not support "
+                f"(supported: {', '.join(JOINT_TYPES)}; use floating_base=True for a free root)"
+            )
+        if j.mimic is not None:
+            raise URDFError(
+                f"{src}: joint '{j.name}' mimics '{j.mimic.joint}'; mimic joints are not supported "
+                "(remove the <mimic> tag to make it an independent joint)"
+            )
+        T = np.eye(4) if j.origin is None else np.asarray(j.origin, dtype=float)
+        axis = (1.0, 0.0, 0.0) if j.axis is None else tuple(float(a) for a in j.axis)
+        lim = j.limit
+        dyn = j.dynamics
+        inf = math.inf
+        lower = _num(lim.lower, f"lower limit of joint '{j.name}'", src) if lim is not None and lim.lower is not None else -inf
+        upper = _num(lim.upper, f"upper limit of joint '{j.name}'", src) if lim is not None and lim.upper is not None else inf
+        if j.type == "continuous":
+            lower, upper = -inf, inf
+        joints.append(JointSpec(
+            name=j.name, type=j.type, parent=j.parent, child=j.child,
+            xyz=tuple(float(x) for x in T[:3, 3]), rpy=_rpy(T[:3, :3]), axis=axis,
+            lower=lower, upper=upper,
+            velocity=_num(lim.velocity, f"velocity limit of '{j.name}'", src) if lim is not None and lim.velocity is not None else inf,
+            effort=_num(lim.effort, f"effort limit of '{j.name}'", src) if lim is not None and lim.effort is not None else inf,
+            damping=_num(dyn.damping, f"damping of joint '{j.name}'", src) if dyn is not None else 0.0,
+            friction=_num(dyn.friction, f"friction of joint '{j.name}'", src) if dyn is not None else 0.0,
+        ))
+    return RobotSpec(name=robot.name or "robot", links=links, joints=joints, source=src)
+
+
+def load_urdf(
+    path: str | os.PathLike,
+    *,
+    floating_base: bool = False,
+    dtype: torch.dtype = torch.float64,
+    device: torch.device | str | None = None,
+    gravity=(0.0, 0.0, -9.81),
+) -> RobotModel:
+    """Load a URDF file (or XML string) as a :class:`RobotModel`.
+
+    Args:
+        path: URDF file path, or the XML text itself.
+        floating_base: attach the root link to the world by a free joint (``nq = nv + 1``).
+        dtype: dtype of the model's parameters (float64 by default).
+        device: device of the model's parameters.
+        gravity: (3,) world gravity, m/s^2.
+
+    Raises:
+        URDFError / ModelError: naming the file and the offending link or joint.
+    """
+    spec = parse_urdf(path)
+    spec.gravity = tuple(float(g) for g in gravity)
+    return RobotModel(spec, floating_base=floating_base, dtype=dtype, device=device)

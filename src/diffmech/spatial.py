@@ -1,0 +1,221 @@
+"""Batched rotation, SE(3) and 6-D spatial algebra over torch tensors.
+
+Conventions (shared by the whole library):
+
+* Spatial motion vectors are ``(..., 6)`` ordered ``(linear; angular)``, spatial force vectors
+  ``(force; torque)`` -- the order Pinocchio uses, so Jacobian rows read (linear; angular).
+* A placement ``(R, p)`` of frame B in frame A maps B-coordinates to A-coordinates:
+  ``x_A = R x_B + p``. Homogeneous matrices ``T_a_b`` are ``(..., 4, 4)``.
+* Quaternions are ``(x, y, z, w)`` (Pinocchio's and SciPy's order), unit norm.
+
+All functions are pure and broadcast over leading dimensions.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "skew",
+    "rpy_to_matrix",
+    "matrix_to_rpy",
+    "axis_angle_to_matrix",
+    "quat_to_matrix",
+    "matrix_to_quat",
+    "quat_multiply",
+    "so3_exp",
+    "se3_exp",
+    "homogeneous",
+    "motion_action",
+    "motion_action_inverse",
+    "motion_cross",
+    "force_cross",
+    "spatial_inertia",
+]
+
+
+def skew(v: Tensor) -> Tensor:
+    """Cross-product matrix: ``skew(v) @ w == cross(v, w)``. ``(..., 3) -> (..., 3, 3)``."""
+    x, y, z = v.unbind(-1)
+    o = torch.zeros_like(x)
+    return torch.stack([o, -z, y, z, o, -x, -y, x, o], dim=-1).reshape(*v.shape[:-1], 3, 3)
+
+
+def rpy_to_matrix(rpy: Tensor) -> Tensor:
+    """URDF roll-pitch-yaw (fixed axes X, Y, Z) to a rotation ``Rz(yaw) Ry(pitch) Rx(roll)``.
+
+    ``(..., 3) -> (..., 3, 3)``.
+    """
+    r, p, y = rpy.unbind(-1)
+    cr, sr, cp, sp, cy, sy = r.cos(), r.sin(), p.cos(), p.sin(), y.cos(), y.sin()
+    rows = [
+        cy * cp, cy * sp * sr - sy * cr, cy * sp * cr + sy * sr,
+        sy * cp, sy * sp * sr + cy * cr, sy * sp * cr - cy * sr,
+        -sp, cp * sr, cp * cr,
+    ]
+    return torch.stack(rows, dim=-1).reshape(*rpy.shape[:-1], 3, 3)
+
+
+def matrix_to_rpy(R: Tensor) -> Tensor:
+    """Inverse of :func:`rpy_to_matrix` (yaw set to zero at gimbal lock). ``(..., 3, 3) -> (..., 3)``."""
+    sp = (-R[..., 2, 0]).clamp(-1.0, 1.0)
+    pitch = torch.asin(sp)
+    cp = torch.sqrt(R[..., 2, 1] ** 2 + R[..., 2, 2] ** 2)
+    locked = cp < 1e-10
+    roll = torch.where(locked, torch.atan2(-R[..., 1, 2], R[..., 1, 1]), torch.atan2(R[..., 2, 1], R[..., 2, 2]))
+    yaw = torch.where(locked, torch.zeros_like(pitch), torch.atan2(R[..., 1, 0], R[..., 0, 0]))
+    return torch.stack([roll, pitch, yaw], dim=-1)
+
+
+def axis_angle_to_matrix(axis: Tensor, angle: Tensor) -> Tensor:
+    """Rodrigues' formula for a unit ``axis (..., 3)`` and ``angle (...)`` in radians -> ``(..., 3, 3)``."""
+    K = skew(axis)
+    s = angle.sin()[..., None, None]
+    c = angle.cos()[..., None, None]
+    eye = torch.eye(3, dtype=K.dtype, device=K.device)
+    return eye + s * K + (1 - c) * (K @ K)
+
+
+def quat_to_matrix(quat: Tensor) -> Tensor:
+    """Unit quaternion ``(x, y, z, w)`` to rotation matrix. ``(..., 4) -> (..., 3, 3)``."""
+    x, y, z, w = quat.unbind(-1)
+    rows = [
+        1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w),
+        2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w),
+        2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y),
+    ]
+    return torch.stack(rows, dim=-1).reshape(*quat.shape[:-1], 3, 3)
+
+
+def matrix_to_quat(R: Tensor) -> Tensor:
+    """Rotation matrix to unit quaternion ``(x, y, z, w)`` with ``w >= 0``. ``(..., 3, 3) -> (..., 4)``.
+
+    Shepperd's method: picks the largest of the four candidate pivots, so it is accurate for
+    every rotation.
+    """
+    m = R
+    tr = m[..., 0, 0] + m[..., 1, 1] + m[..., 2, 2]
+    cands = torch.stack([tr, m[..., 0, 0], m[..., 1, 1], m[..., 2, 2]], dim=-1)
+    k = cands.argmax(dim=-1)
+    # Four solutions, each well conditioned when its pivot is the largest.
+    s0 = torch.sqrt((1 + tr).clamp_min(1e-30)) * 2
+    q0 = torch.stack([(m[..., 2, 1] - m[..., 1, 2]) / s0, (m[..., 0, 2] - m[..., 2, 0]) / s0,
+                      (m[..., 1, 0] - m[..., 0, 1]) / s0, 0.25 * s0], -1)
+    s1 = torch.sqrt((1 + m[..., 0, 0] - m[..., 1, 1] - m[..., 2, 2]).clamp_min(1e-30)) * 2
+    q1 = torch.stack([0.25 * s1, (m[..., 0, 1] + m[..., 1, 0]) / s1,
+                      (m[..., 0, 2] + m[..., 2, 0]) / s1, (m[..., 2, 1] - m[..., 1, 2]) / s1], -1)
+    s2 = torch.sqrt((1 + m[..., 1, 1] - m[..., 0, 0] - m[..., 2, 2]).clamp_min(1e-30)) * 2
+    q2 = torch.stack([(m[..., 0, 1] + m[..., 1, 0]) / s2, 0.25 * s2,
+                      (m[..., 1, 2] + m[..., 2, 1]) / s2, (m[..., 0, 2] - m[..., 2, 0]) / s2], -1)
+    s3 = torch.sqrt((1 + m[..., 2, 2] - m[..., 0, 0] - m[..., 1, 1]).clamp_min(1e-30)) * 2
+    q3 = torch.stack([(m[..., 0, 2] + m[..., 2, 0]) / s3, (m[..., 1, 2] + m[..., 2, 1]) / s3,
+                      0.25 * s3, (m[..., 1, 0] - m[..., 0, 1]) / s3], -1)
+    q = torch.stack([q0, q1, q2, q3], dim=-2)
+    q = torch.gather(q, -2, k[..., None, None].expand(*k.shape, 1, 4)).squeeze(-2)
+    return q * torch.where(q[..., 3:] < 0, -1.0, 1.0).to(q.dtype)
+
+
+def quat_multiply(a: Tensor, b: Tensor) -> Tensor:
+    """Hamilton product ``a * b`` of ``(x, y, z, w)`` quaternions. ``(..., 4)``."""
+    av, aw = a[..., :3], a[..., 3:]
+    bv, bw = b[..., :3], b[..., 3:]
+    v = aw * bv + bw * av + torch.cross(av, bv, dim=-1)
+    w = aw * bw - (av * bv).sum(-1, keepdim=True)
+    return torch.cat([v, w], dim=-1)
+
+
+def _sinc_terms(theta2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``sin(t)/t``, ``(1-cos t)/t^2``, ``(t - sin t)/t^3`` with Taylor series near zero."""
+    small = theta2 < 1e-8
+    safe = torch.where(small, torch.ones_like(theta2), theta2)
+    t = safe.sqrt()
+    a = torch.where(small, 1 - theta2 / 6, t.sin() / t)
+    b = torch.where(small, 0.5 - theta2 / 24, (1 - t.cos()) / safe)
+    c = torch.where(small, 1.0 / 6 - theta2 / 120, (t - t.sin()) / (safe * t))
+    return a, b, c
+
+
+def so3_exp(w: Tensor) -> Tensor:
+    """Rotation matrix ``exp(skew(w))`` for a rotation vector ``w (..., 3)`` (smooth at zero)."""
+    a, b, _ = _sinc_terms((w * w).sum(-1))
+    K = skew(w)
+    eye = torch.eye(3, dtype=w.dtype, device=w.device)
+    return eye + a[..., None, None] * K + b[..., None, None] * (K @ K)
+
+
+def se3_exp(nu: Tensor) -> tuple[Tensor, Tensor]:
+    """Exponential of a twist ``nu = (v; w) (..., 6)`` expressed in the moving frame.
+
+    Returns the displacement ``(R (..., 3, 3), p (..., 3))`` after unit time of constant body
+    twist ``nu`` (Pinocchio's ``exp6``).
+    """
+    v, w = nu[..., :3], nu[..., 3:]
+    a, b, c = _sinc_terms((w * w).sum(-1))
+    K = skew(w)
+    KK = K @ K
+    eye = torch.eye(3, dtype=nu.dtype, device=nu.device)
+    R = eye + a[..., None, None] * K + b[..., None, None] * KK
+    V = eye + b[..., None, None] * K + c[..., None, None] * KK
+    return R, (V @ v[..., None])[..., 0]
+
+
+def homogeneous(R: Tensor, p: Tensor) -> Tensor:
+    """Stack ``R (..., 3, 3)`` and ``p (..., 3)`` into ``(..., 4, 4)``."""
+    top = torch.cat([R, p[..., None]], dim=-1)
+    bottom = torch.zeros(*top.shape[:-2], 1, 4, dtype=R.dtype, device=R.device)
+    bottom[..., 0, 3] = 1
+    return torch.cat([top, bottom], dim=-2)
+
+
+def motion_action(R: Tensor, p: Tensor) -> Tensor:
+    """6x6 matrix mapping motion vectors from frame B to frame A for the placement ``(R, p)`` of B in A.
+
+    ``[[R, skew(p) R], [0, R]]`` in (linear; angular) order. The force map is its inverse transpose.
+    """
+    top = torch.cat([R, skew(p) @ R], dim=-1)
+    bottom = torch.cat([torch.zeros_like(R), R], dim=-1)
+    return torch.cat([top, bottom], dim=-2)
+
+
+def motion_action_inverse(R: Tensor, p: Tensor) -> Tensor:
+    """Inverse of :func:`motion_action`: ``[[R^T, -R^T skew(p)], [0, R^T]]``."""
+    Rt = R.transpose(-1, -2)
+    top = torch.cat([Rt, -Rt @ skew(p)], dim=-1)
+    bottom = torch.cat([torch.zeros_like(R), Rt], dim=-1)
+    return torch.cat([top, bottom], dim=-2)
+
+
+def motion_cross(v: Tensor, m: Tensor) -> Tensor:
+    """Spatial cross product of motions ``v x m``, both ``(..., 6)`` in (linear; angular) order."""
+    vl, va = v[..., :3], v[..., 3:]
+    ml, ma = m[..., :3], m[..., 3:]
+    lin = torch.linalg.cross(va, ml) + torch.linalg.cross(vl, ma)
+    return torch.cat([lin, torch.linalg.cross(va, ma)], dim=-1)
+
+
+def force_cross(v: Tensor, f: Tensor) -> Tensor:
+    """Spatial cross product of a motion with a force ``v x* f`` (``(..., 6)`` each)."""
+    vl, va = v[..., :3], v[..., 3:]
+    fl, fa = f[..., :3], f[..., 3:]
+    ang = torch.linalg.cross(va, fa) + torch.linalg.cross(vl, fl)
+    return torch.cat([torch.linalg.cross(va, fl), ang], dim=-1)
+
+
+def spatial_inertia(mass: Tensor, com: Tensor, inertia_com: Tensor) -> Tensor:
+    """6x6 spatial inertia at a frame's origin, (linear; angular) order.
+
+    Args:
+        mass: (...) mass in kg.
+        com: (..., 3) centre of mass in the frame, m.
+        inertia_com: (..., 3, 3) rotational inertia about the centre of mass, axes of the frame, kg m^2.
+
+    Returns:
+        (..., 6, 6) ``[[m 1, -m [c]], [m [c], I_c - m [c]^2]]``.
+    """
+    m = mass[..., None, None]
+    C = skew(com)
+    eye = torch.eye(3, dtype=com.dtype, device=com.device)
+    top = torch.cat([m * eye.expand_as(C), -m * C], dim=-1)
+    bottom = torch.cat([m * C, inertia_com - m * (C @ C)], dim=-1)
+    return torch.cat([top, bottom], dim=-2)
