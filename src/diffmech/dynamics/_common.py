@@ -6,6 +6,12 @@ All algorithms work in the world frame with spatial vectors at the world origin 
 ancestors or over subtrees then become one matrix product with a constant 0/1 mask, so RNEA and
 CRBA are a handful of batched operations over all bodies at once; only the pose composition (and
 ABA) walk the tree, level by level, processing bodies of one depth together.
+
+Internally tensors are *batch-last* ("structure of arrays"): ``(n_bodies, 6, B)``,
+``(n_bodies, 3, 3, B)``. Every small 3-vector / 3x3 / 6x6 product is then an elementwise
+operation over long contiguous rows of ``B`` values, and every ancestor/subtree sum is one GEMM,
+instead of many tiny per-sample matrix products. Public functions take and return batch-first
+tensors; the transposes happen once at the boundary.
 """
 
 from __future__ import annotations
@@ -15,10 +21,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .. import spatial
 from ..errors import ShapeError
 from ..model.robot import ModelTensors, RobotModel
-
 
 def as_state(model: RobotModel, named: list) -> tuple[list[Tensor], tuple[int, ...]]:
     """Validate and broadcast state tensors, then flatten their batch dimensions.
@@ -72,99 +76,188 @@ def as_state(model: RobotModel, named: list) -> tuple[list[Tensor], tuple[int, .
 
 
 class TreeState(NamedTuple):
-    """World-frame kinematic quantities for a flat batch ``B``."""
+    """World-frame kinematic quantities for a flat batch ``B`` (batch-last)."""
 
-    R: Tensor  # (B, nb, 3, 3) body orientations in the world
-    p: Tensor  # (B, nb, 3) body origins in the world
-    S: Tensor  # (B, nv, 6) motion subspace columns, world frame at the origin
+    R: Tensor  # (nb, 3, 3, B) body orientations in the world
+    p: Tensor  # (nb, 3, B) body origins in the world
+    S: Tensor  # (nv, 6, B) motion subspace columns, world frame at the origin
     mt: ModelTensors
 
 
-def body_placements(model: RobotModel, mt: ModelTensors, q: Tensor) -> tuple[Tensor, Tensor]:
-    """World placements of all bodies. ``q (B, nq) -> R (B, nb, 3, 3), p (B, nb, 3)``."""
-    B = q.shape[0]
-    qj = q[:, model._q_joint_start:]
-    s = qj.sin()[..., None, None]
-    c = qj.cos()[..., None, None]
-    eye = torch.eye(3, dtype=q.dtype, device=q.device)
-    R_joint = eye + s * mt.K + (1 - c) * mt.KK  # (B, nj, 3, 3), identity for prismatic
-    R_loc = mt.R_tree @ R_joint
-    p_loc = mt.p_tree + (mt.R_tree @ (mt.lin_axis * qj[..., None])[..., None])[..., 0]
+# ---------------------------------------------------------------- batch-last small algebra
+def mv(M: Tensor, x: Tensor) -> Tensor:
+    """``M x`` for ``M (..., m, n, B)``, ``x (..., n, B)`` -> ``(..., m, B)``."""
+    return (M * x.unsqueeze(-3)).sum(-2)
+
+
+def mm(A: Tensor, C: Tensor) -> Tensor:
+    """``A C`` for ``A (..., m, k, B)``, ``C (..., k, n, B)`` -> ``(..., m, n, B)``."""
+    return (A.unsqueeze(-2) * C.unsqueeze(-4)).sum(-3)
+
+
+def cross(a: Tensor, b: Tensor) -> Tensor:
+    """Cross product over the component dimension ``-2`` of ``(..., 3, B)`` tensors."""
+    return torch.linalg.cross(a, b, dim=-2)
+
+
+def motion_cross(v: Tensor, m: Tensor) -> Tensor:
+    """``v x m`` for spatial motions ``(..., 6, B)`` (linear; angular)."""
+    vl, va = v[..., :3, :], v[..., 3:, :]
+    ml, ma = m[..., :3, :], m[..., 3:, :]
+    return torch.cat([cross(va, ml) + cross(vl, ma), cross(va, ma)], dim=-2)
+
+
+def force_cross(v: Tensor, f: Tensor) -> Tensor:
+    """``v x* f`` for a motion and a force ``(..., 6, B)``."""
+    vl, va = v[..., :3, :], v[..., 3:, :]
+    fl, fa = f[..., :3, :], f[..., 3:, :]
+    return torch.cat([cross(va, fl), cross(va, fa) + cross(vl, fl)], dim=-2)
+
+
+class RigidInertia(NamedTuple):
+    """Spatial inertia at the world origin as ``(m (nb, 1), h (nb, 3, B), I (nb, 3, 3, B))``:
+    mass, first moment ``m c`` and rotational inertia about the origin."""
+
+    m: Tensor
+    h: Tensor
+    I: Tensor
+
+    def apply(self, x: Tensor) -> Tensor:
+        """Momentum / force ``I x`` of a motion ``x (nb, 6, B)``."""
+        xl, xa = x[..., :3, :], x[..., 3:, :]
+        lin = self.m[..., None] * xl - cross(self.h, xa)
+        ang = cross(self.h, xl) + mv(self.I, xa)
+        return torch.cat([lin, ang], dim=-2)
+
+    def matrix(self) -> Tensor:
+        """Full ``(nb, 6, 6, B)`` matrix ``[[m 1, -[h]], [[h], I]]``."""
+        hx, hy, hz = self.h.unbind(-2)
+        m = self.m.expand_as(hx)
+        z = torch.zeros_like(hx)
+        skew_h = torch.stack([z, -hz, hy, hz, z, -hx, -hy, hx, z], dim=-2).unflatten(-2, (3, 3))
+        eye_m = torch.stack([m, z, z, z, m, z, z, z, m], dim=-2).unflatten(-2, (3, 3))
+        return _block(eye_m, -skew_h, skew_h, self.I)
+
+
+def _block(a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> Tensor:
+    """``[[a, b], [c, d]]`` from four ``(..., 3, 3, B)`` blocks -> ``(..., 6, 6, B)``."""
+    return torch.cat([torch.cat([a, b], dim=-2), torch.cat([c, d], dim=-2)], dim=-3)
+
+
+def quat_to_matrix_bl(quat: Tensor) -> Tensor:
+    """Unit quaternions ``(4, B)`` ``(x, y, z, w)`` -> rotations ``(3, 3, B)``."""
+    x, y, z, w = quat.unbind(0)
+    rows = [
+        1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w),
+        2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w),
+        2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y),
+    ]
+    return torch.stack(rows, 0).unflatten(0, (3, 3))
+
+
+# ---------------------------------------------------------------- the kinematic pass
+def body_placements(model: RobotModel, mt: ModelTensors, qT: Tensor) -> tuple[Tensor, Tensor]:
+    """World placements of all bodies. ``qT (nq, B) -> R (nb, 3, 3, B), p (nb, 3, B)``."""
+    qj = qT[model._q_joint_start:]  # (nj, B)
+    s = qj.sin()[:, None, None]
+    c1 = (1 - qj.cos())[:, None, None]
+    R_loc = mt.A0 + s * mt.A1 + c1 * mt.A2  # (nj, 3, 3, B)
+    p_loc = mt.p_tree + mt.lin_dir * qj[:, None]  # (nj, 3, B)
     Rs: list[Tensor] = [None] * model.nb  # type: ignore[list-item]
     ps: list[Tensor] = [None] * model.nb  # type: ignore[list-item]
     off = model._nfree
     if off:
-        Rs[0] = spatial.quat_to_matrix(q[:, 3:7])
-        ps[0] = q[:, :3]
+        Rs[0] = quat_to_matrix_bl(qT[3:7])
+        ps[0] = qT[:3]
     for idx, par in model._levels:
         if off and idx == [0]:
             continue
         if len(idx) == 1:
             b, pb = idx[0], par[0]
-            Rl, pl = R_loc[:, b - off], p_loc[:, b - off]
+            Rl, pl = R_loc[b - off], p_loc[b - off]
             if pb < 0:
-                Rs[b], ps[b] = Rl, pl
+                Rs[b], ps[b] = Rl.expand(3, 3, qT.shape[1]), pl.expand(3, qT.shape[1])
             else:
-                Rs[b] = Rs[pb] @ Rl
-                ps[b] = ps[pb] + (Rs[pb] @ pl[..., None])[..., 0]
+                Rs[b] = mm(Rs[pb], Rl)
+                ps[b] = ps[pb] + mv(Rs[pb], pl)
             continue
         jl = [b - off for b in idx]
-        Rl, pl = R_loc[:, jl], p_loc[:, jl]
+        Rl, pl = R_loc[jl], p_loc[jl]
         if par[0] < 0:  # all bodies at depth 0 hang from the world
-            Rn, pn = Rl, pl
+            Rn, pn = Rl.expand(-1, 3, 3, qT.shape[1]), pl.expand(-1, 3, qT.shape[1])
         else:
-            Rp = torch.stack([Rs[b] for b in par], 1)
-            pp = torch.stack([ps[b] for b in par], 1)
-            Rn = Rp @ Rl
-            pn = pp + (Rp @ pl[..., None])[..., 0]
+            Rp = torch.stack([Rs[b] for b in par])
+            pp = torch.stack([ps[b] for b in par])
+            Rn = mm(Rp, Rl)
+            pn = pp + mv(Rp, pl)
         for k, b in enumerate(idx):
-            Rs[b], ps[b] = Rn[:, k], pn[:, k]
-    if B == 0:
-        return (torch.zeros(0, model.nb, 3, 3, dtype=q.dtype, device=q.device),
-                torch.zeros(0, model.nb, 3, dtype=q.dtype, device=q.device))
-    return torch.stack(Rs, 1), torch.stack(ps, 1)
+            Rs[b], ps[b] = Rn[k], pn[k]
+    return torch.stack(Rs), torch.stack(ps)
 
 
-def tree_state(model: RobotModel, q: Tensor, mt: ModelTensors | None = None) -> TreeState:
-    """Body placements and world-frame motion subspaces for ``q (B, nq)``."""
+def tree_state(model: RobotModel, q: Tensor, mt: ModelTensors | None = None, *, batch_last: bool = False) -> TreeState:
+    """Body placements and world-frame motion subspaces for ``q (B, nq)`` (or ``(nq, B)``)."""
     if mt is None:
         mt = model.model_tensors(q.dtype, q.device)
-    R, p = body_placements(model, mt, q)
+    qT = q if batch_last else q.transpose(0, 1)
+    R, p = body_placements(model, mt, qT)
     off = model._nfree
-    Rj, pj = R[:, off:], p[:, off:]
-    w_rot = (Rj @ mt.rot_axis[..., None])[..., 0]
-    w_lin = (Rj @ mt.lin_axis[..., None])[..., 0]
+    Rj, pj = R[off:], p[off:]
+    w_rot = mv(Rj, mt.rot_axis)  # (nj, 3, B)
+    w_lin = mv(Rj, mt.lin_axis)
     # A revolute axis through p with direction w moves the world origin with velocity p x w.
-    S = torch.cat([torch.linalg.cross(pj, w_rot) + w_lin, w_rot], dim=-1)
+    S = torch.cat([cross(pj, w_rot) + w_lin, w_rot], dim=-2)
     if off:
-        S = torch.cat([spatial.motion_action(R[:, 0], p[:, 0]).transpose(-1, -2), S], dim=1)
+        # Free-flyer columns: the base frame's axes, i.e. the columns of its motion transform.
+        cols = R[0].transpose(0, 1)  # (3 axes, 3 components, B): the base frame's axes in the world
+        lin = torch.cat([cols, torch.zeros_like(cols)], dim=1)
+        ang = torch.cat([cross(p[0][None].expand_as(cols), cols), cols], dim=1)
+        S0 = torch.cat([lin, ang], dim=0)  # (6 dofs, 6, B)
+        S = torch.cat([S0, S], dim=0)
     return TreeState(R=R, p=p, S=S, mt=mt)
 
 
-def world_inertia(ts: TreeState) -> Tensor:
-    """Spatial inertias of all bodies in the world frame at the origin, ``(B, nb, 6, 6)``."""
-    Xinv = spatial.motion_action_inverse(ts.R, ts.p)
-    return Xinv.transpose(-1, -2) @ ts.mt.I_body @ Xinv
+def world_inertia(ts: TreeState) -> RigidInertia:
+    """Spatial inertias of all bodies in the world frame at the origin."""
+    mt = ts.mt
+    m = mt.body_mass[:, None]  # (nb, 1)
+    hb = mv(ts.R, mt.body_h[..., None])  # body first moment, world axes, about the body origin
+    Ib = mm(mm(ts.R, mt.body_I[..., None]), ts.R.transpose(1, 2))
+    p = ts.p
+    # Move the reference point from the body origin to the world origin.
+    ph = (p * hb).sum(1, keepdim=True)  # (nb, 1, B)
+    pp = (p * p).sum(1, keepdim=True)
+    eye = torch.eye(3, dtype=p.dtype, device=p.device)[None, :, :, None]
+    I = Ib + (m[..., None, None] * pp[:, None] + 2 * ph[:, None]) * eye - m[..., None, None] * (
+        p[:, :, None] * p[:, None, :]) - (p[:, :, None] * hb[:, None, :] + hb[:, :, None] * p[:, None, :])
+    h = hb + m[..., None] * p
+    return RigidInertia(m=m, h=h, I=I)
 
 
-def masks(model: RobotModel, like: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``(mask_bd (nb, nv), mask_strict (nv, nv), mask_same (nv, nv))`` in ``like``'s dtype."""
+def masks(model: RobotModel, like: Tensor) -> tuple[Tensor, Tensor]:
+    """``(mask_bd (nb, nv), mask_db (nv, nb))`` in ``like``'s dtype: ``mask_bd[i, d] = 1`` when
+    joint ``d`` moves body ``i``."""
     kw = dict(dtype=like.dtype, device=like.device)
-    return model._mask_bd.to(**kw), model._mask_strict.to(**kw), model._mask_same.to(**kw)
+    return model._mask_bd.to(**kw), model._mask_db.to(**kw)
+
+
+def tree_sum(mask: Tensor, x: Tensor) -> Tensor:
+    """``y[i] = sum_j mask[i, j] x[j]`` for ``x (n, ..., B)``: one GEMM over all trailing dims."""
+    return (mask @ x.reshape(x.shape[0], -1)).reshape(mask.shape[0], *x.shape[1:])
 
 
 def gravity_acceleration(mt: ModelTensors) -> Tensor:
-    """Spatial acceleration of the world that stands in for gravity, ``(6,)``: ``(-g; 0)``."""
-    return torch.cat([-mt.gravity, torch.zeros_like(mt.gravity)])
+    """Spatial acceleration of the world that stands in for gravity, ``(6, 1)``: ``(-g; 0)``."""
+    return torch.cat([-mt.gravity, torch.zeros_like(mt.gravity)])[:, None]
 
 
-def passive_forces(model: RobotModel, mt: ModelTensors, q: Tensor, v: Tensor) -> Tensor:
-    """Joint damping and spring forces ``(B, nv)`` acting *on* the joints (zero on the base)."""
-    qj = q[:, model._q_joint_start:]
-    vj = v[:, model._v_joint_start:]
-    tj = -mt.damping * vj - mt.stiffness * (qj - mt.rest)
+def passive_forces(model: RobotModel, mt: ModelTensors, qT: Tensor, vT: Tensor) -> Tensor:
+    """Joint damping and spring forces ``(nv, B)`` acting *on* the joints (zero on the base)."""
+    qj = qT[model._q_joint_start:]
+    vj = vT[model._v_joint_start:]
+    tj = -mt.damping[:, None] * vj - mt.stiffness[:, None] * (qj - mt.rest[:, None])
     if model._nfree:
-        tj = torch.cat([torch.zeros_like(v[:, :6]), tj], dim=-1)
+        tj = torch.cat([torch.zeros_like(vT[:6]), tj], dim=0)
     return tj
 
 
@@ -176,20 +269,19 @@ def external_body_forces(model: RobotModel, ts: TreeState, f_ext: Tensor) -> Ten
             torque taken about the link origin.
 
     Returns:
-        (B, nb, 6) spatial forces at the world origin, summed per body (links fixed to the world
+        (nb, 6, B) spatial forces at the world origin, summed per body (links fixed to the world
         are dropped: they cannot move).
     """
     mt = ts.mt
-    lb = torch.tensor(model.link_body, device=f_ext.device)
-    keep = (lb >= 0).nonzero()[:, 0]
-    body = lb[keep]
-    R_b, p_b = ts.R[:, body], ts.p[:, body]
-    origin = p_b + (R_b @ mt.link_p[keep][..., None])[..., 0]
-    f = f_ext[:, keep]
-    torque = f[..., 3:] + torch.linalg.cross(origin, f[..., :3])
-    fw = torch.cat([f[..., :3], torque], dim=-1)
-    out = torch.zeros(f_ext.shape[0], model.nb, 6, dtype=f_ext.dtype, device=f_ext.device)
-    return out.index_add(1, body, fw)
+    keep = [i for i, b in enumerate(model.link_body) if b >= 0]
+    body = torch.tensor([model.link_body[i] for i in keep], device=f_ext.device)
+    keep_t = torch.tensor(keep, device=f_ext.device)
+    R_b, p_b = ts.R[body], ts.p[body]
+    origin = p_b + mv(R_b, mt.link_p[keep_t][..., None])
+    f = f_ext[:, keep_t].permute(1, 2, 0)  # (k, 6, B)
+    fw = torch.cat([f[:, :3], f[:, 3:] + cross(origin, f[:, :3])], dim=1)
+    out = torch.zeros(model.nb, 6, f_ext.shape[0], dtype=f_ext.dtype, device=f_ext.device)
+    return out.index_add(0, body, fw)
 
 
 def f_ext_entry(model: RobotModel, f_ext) -> tuple | None:

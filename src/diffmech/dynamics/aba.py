@@ -1,31 +1,193 @@
 """Forward dynamics: the Articulated Body Algorithm (Featherstone 2008, §7.3) and its fast gradient.
 
 ABA is written in the world frame, so articulated inertias pass from child to parent without any
-coordinate transform; bodies of one depth are processed together. ``forward_dynamics`` wraps it
-with the cheap backward of the implicit function theorem: since ``ID(q, v, qdd, theta) = tau``,
-for a cotangent ``g`` of ``qdd``, ``lam = M^{-1} g`` is the cotangent of ``tau`` and the
-cotangents of ``q``, ``v``, ``f_ext`` and every model parameter are the VJP of RNEA with ``-lam``
-(at the solved ``qdd``). The forward pass then keeps no graph.
+coordinate transform; bodies of one depth are processed together.
+
+``forward_dynamics`` wraps it with the cheap backward of the implicit function theorem: since
+``ID(q, v, qdd, theta) = tau``, for a cotangent ``g`` of ``qdd``, ``lam = M^{-1} g`` is the
+cotangent of ``tau`` and the cotangents of ``q``, ``v``, ``f_ext`` and every model parameter are the
+VJP of RNEA with ``-lam`` at the solved ``qdd``. The forward pass keeps no graph, and ``M^{-1} g``
+reuses the articulated-body factors of the forward pass (they depend on ``q`` only), so it costs
+two light sweeps instead of a mass matrix and a Cholesky factorisation.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
-from .. import spatial
 from ..errors import ShapeError
 from ..model.robot import ModelTensors, RobotModel
 from ._common import (
-    as_state, external_body_forces, f_ext_entry, gravity_acceleration, masks, passive_forces, tree_state,
-    world_inertia,
+    as_state, external_body_forces, f_ext_entry, force_cross, gravity_acceleration, masks, mm, motion_cross, mv,
+    passive_forces, tree_state, tree_sum, world_inertia,
 )
 from .crba import crba_flat
 from .rnea import rnea_flat
 
-__all__ = ["aba", "forward_dynamics", "aba_flat", "forward_dynamics_flat"]
+__all__ = ["aba", "forward_dynamics", "aba_flat", "forward_dynamics_flat", "METHODS"]
 
 METHODS = ("aba", "crba")
+
+
+class _Level(NamedTuple):
+    idx: list[int]  # bodies at this depth
+    par: list[int]  # their parents
+    dofs: Tensor | slice  # their DoF indices
+    U: Tensor  # (k, 6, B) IA S
+    D: Tensor  # (k, B) S^T IA S
+    Ud: Tensor  # (k, 6, B) U / D
+    u: Tensor  # (k, B)
+    S: Tensor  # (k, 6, B)
+    c: Tensor  # (k, 6, B) velocity-product acceleration
+
+
+class _Factors(NamedTuple):
+    """Articulated-body factors of one configuration: enough to apply ``M(q)^{-1}``."""
+
+    levels: list[_Level]  # deepest first
+    root: tuple[Tensor, Tensor, Tensor] | None  # floating base: (S0 (6 comp, 6 dof, B), U0, D0)
+
+
+def _aba(model: RobotModel, q: Tensor, v: Tensor, tau: Tensor, f_ext, passive: bool, mt) -> tuple[Tensor, _Factors]:
+    ts = tree_state(model, q, mt)
+    mt = ts.mt
+    vT, tauT = v.transpose(0, 1), tau.transpose(0, 1)
+    S = ts.S
+    inertia = world_inertia(ts)
+    mask_bd, _ = masks(model, q)
+    Sv = S * vT[:, None]
+    V = tree_sum(mask_bd, Sv)
+    c = motion_cross(V[model._dof_body], Sv)  # (nv, 6, B)
+    pA_all = force_cross(V, inertia.apply(V))
+    if f_ext is not None:
+        pA_all = pA_all - external_body_forces(model, ts, f_ext)
+    if passive:
+        tauT = tauT + passive_forces(model, mt, q.transpose(0, 1), vT)
+    IA = list(inertia.matrix().unbind(0))
+    pA = list(pA_all.unbind(0))
+    off = model._nfree
+    dof0 = 5 * off  # DoF of one-DoF body b is b + dof0
+    levels: list[_Level] = []
+    for idx, par in reversed(model._levels):
+        if off and idx == [0]:
+            continue
+        if len(idx) == 1:
+            d = idx[0] + dof0
+            dofs: Tensor | slice = slice(d, d + 1)
+            Il, pl = IA[idx[0]][None], pA[idx[0]][None]
+        else:
+            dofs = torch.tensor([b + dof0 for b in idx], device=q.device)
+            Il, pl = torch.stack([IA[b] for b in idx]), torch.stack([pA[b] for b in idx])
+        Sl, cl, tl = S[dofs], c[dofs], tauT[dofs]
+        U = mv(Il, Sl)
+        D = (Sl * U).sum(1)
+        Ud = U / D[:, None]
+        u = tl - (Sl * pl).sum(1)
+        Ia = Il - U[:, :, None] * Ud[:, None, :]
+        pa = pl + mv(Ia, cl) + Ud * u[:, None]
+        for k, p in enumerate(par):
+            if p >= 0:
+                IA[p] = IA[p] + Ia[k]
+                pA[p] = pA[p] + pa[k]
+        levels.append(_Level(idx, par, dofs, U, D, Ud, u, Sl, cl))
+
+    B = q.shape[0]
+    a_world = gravity_acceleration(mt).expand(6, B)
+    A: list[Tensor] = [None] * model.nb  # type: ignore[list-item]
+    qdd = torch.empty_like(tauT) if not torch.is_grad_enabled() else None
+    pieces: list[tuple[Tensor | slice, Tensor]] = []
+    root = None
+    if off:
+        S0 = S[:6].transpose(0, 1)  # (6 components, 6 dofs, B)
+        U0 = mm(IA[0], S0)
+        D0 = mm(S[:6], U0)
+        rhs = tauT[:6] - mv(S[:6], pA[0]) - mv(U0.transpose(0, 1), a_world)
+        q0 = _solve6(D0, rhs)
+        A[0] = a_world + mv(S0, q0)
+        pieces.append((slice(0, 6), q0))
+        root = (S0, U0, D0)
+    for lv in reversed(levels):
+        ap = _parent_accel(A, lv.par, a_world)
+        ql = (lv.u - (lv.U * (ap + lv.c)).sum(1)) / lv.D
+        Al = ap + lv.c + lv.S * ql[:, None]
+        for k, b in enumerate(lv.idx):
+            A[b] = Al[k]
+        pieces.append((lv.dofs, ql))
+    return _assemble(pieces, tauT, qdd), _Factors(levels, root)
+
+
+def _parent_accel(A: list[Tensor], par: list[int], a_world: Tensor) -> Tensor:
+    if len(par) == 1:
+        return (A[par[0]] if par[0] >= 0 else a_world)[None]
+    return torch.stack([A[p] if p >= 0 else a_world for p in par])
+
+
+def _assemble(pieces, like: Tensor, out: Tensor | None) -> Tensor:
+    """Place per-level results ``(k, B)`` at their DoF rows; returns ``(B, nv)``."""
+    if out is not None:
+        for dofs, val in pieces:
+            out[dofs] = val
+        return out.transpose(0, 1)
+    order = []
+    for dofs, val in pieces:
+        if isinstance(dofs, slice):
+            order.extend(range(dofs.start, dofs.stop))
+        else:
+            order.extend(dofs.tolist())
+    stacked = torch.cat([val for _, val in pieces], 0)
+    inv = torch.empty(len(order), dtype=torch.long)
+    inv[torch.tensor(order)] = torch.arange(len(order))
+    return stacked[inv.to(stacked.device)].transpose(0, 1)
+
+
+def _solve6(D0: Tensor, rhs: Tensor) -> Tensor:
+    """Solve ``D0 x = rhs`` for ``D0 (6, 6, B)``, ``rhs (6, B)``."""
+    return torch.linalg.solve(D0.permute(2, 0, 1), rhs.transpose(0, 1)).transpose(0, 1)
+
+
+def apply_inverse_mass(model: RobotModel, factors: _Factors, g: Tensor) -> Tensor:
+    """``M(q)^{-1} g`` for ``g (B, nv)`` from the factors of a previous ABA pass at ``q``."""
+    gT = g.transpose(0, 1)
+    pA: list[Tensor | None] = [None] * model.nb
+    us = []
+    for lv in factors.levels:
+        pl = _stack_opt(pA, lv.idx)
+        u = gT[lv.dofs] if pl is None else gT[lv.dofs] - (lv.S * pl).sum(1)
+        pa = lv.Ud * u[:, None] if pl is None else pl + lv.Ud * u[:, None]
+        for k, p in enumerate(lv.par):
+            if p >= 0:
+                pA[p] = pa[k] if pA[p] is None else pA[p] + pa[k]
+        us.append(u)
+    A: list[Tensor | None] = [None] * model.nb
+    out = torch.empty_like(gT)
+    if factors.root is not None:
+        S0, _, D0 = factors.root
+        rhs = gT[:6] if pA[0] is None else gT[:6] - (S0 * pA[0][:, None]).sum(0)
+        x0 = _solve6(D0, rhs)
+        A[0] = mv(S0, x0)
+        out[:6] = x0
+    for lv, u in zip(reversed(factors.levels), reversed(us)):
+        ap = _stack_opt(A, lv.par)
+        ql = u / lv.D if ap is None else (u - (lv.U * ap).sum(1)) / lv.D
+        Al = lv.S * ql[:, None] if ap is None else ap + lv.S * ql[:, None]
+        for k, b in enumerate(lv.idx):
+            A[b] = Al[k]
+        out[lv.dofs] = ql
+    return out.transpose(0, 1)
+
+
+def _stack_opt(values: list, idx: list[int]) -> Tensor | None:
+    """Stack ``values[i]`` for ``i`` in ``idx`` (``None`` or ``i < 0`` count as zero); ``None`` if all zero."""
+    got = [values[i] if i >= 0 else None for i in idx]
+    ref = next((g for g in got if g is not None), None)
+    if ref is None:
+        return None
+    if len(got) == 1:
+        return ref[None]
+    return torch.stack([g if g is not None else torch.zeros_like(ref) for g in got])
 
 
 def aba_flat(
@@ -38,90 +200,29 @@ def aba_flat(
     mt: ModelTensors | None = None,
 ) -> Tensor:
     """ABA on flat batches: ``q (B, nq), v (B, nv), tau (B, nv) -> qdd (B, nv)``."""
-    ts = tree_state(model, q, mt)
-    mt = ts.mt
-    S = ts.S
-    Iw = world_inertia(ts)
-    mask_bd, _, _ = masks(model, q)
-    V = mask_bd @ (S * v[..., None])
-    c = spatial.motion_cross(V[:, model.dof_body], S) * v[..., None]  # (B, nv, 6) velocity-product accel.
-    pA_all = spatial.force_cross(V, (Iw @ V[..., None])[..., 0])
-    if f_ext is not None:
-        pA_all = pA_all - external_body_forces(model, ts, f_ext)
-    if passive:
-        tau = tau + passive_forces(model, mt, q, v)
-    IA = list(Iw.unbind(1))
-    pA = list(pA_all.unbind(1))
-    off = model._nfree
-    dof0 = 6 * off - off  # dof of one-DoF body b is b + dof0
-    saved = []
-    for idx, par in reversed(model._levels):
-        if off and idx == [0]:
-            continue
-        dofs = [b + dof0 for b in idx]
-        if len(idx) == 1:
-            Il, pl = IA[idx[0]][:, None], pA[idx[0]][:, None]
-            Sl, cl, tl = S[:, dofs[0], None], c[:, dofs[0], None], tau[:, dofs[0], None]
-        else:
-            Il, pl = torch.stack([IA[b] for b in idx], 1), torch.stack([pA[b] for b in idx], 1)
-            Sl, cl, tl = S[:, dofs], c[:, dofs], tau[:, dofs]
-        U = (Il @ Sl[..., None])[..., 0]  # (B, k, 6)
-        D = (Sl * U).sum(-1)  # (B, k)
-        u = tl - (Sl * pl).sum(-1)
-        Ia = Il - U[..., :, None] * (U / D[..., None])[..., None, :]
-        pa = pl + (Ia @ cl[..., None])[..., 0] + U * (u / D)[..., None]
-        for k, p in enumerate(par):
-            if p >= 0:
-                IA[p] = IA[p] + Ia[:, k]
-                pA[p] = pA[p] + pa[:, k]
-        saved.append((idx, par, U, D, u, Sl, cl))
-
-    a_world = gravity_acceleration(mt).expand(q.shape[0], 6)
-    A: list[Tensor] = [None] * model.nb  # type: ignore[list-item]
-    qdd: list[Tensor] = [None] * model.nv  # type: ignore[list-item]
-    if off:
-        S0 = S[:, :6].transpose(-1, -2)  # columns are the six base DoFs
-        U0 = IA[0] @ S0
-        D0 = S0.transpose(-1, -2) @ U0
-        u0 = tau[:, :6] - (S0.transpose(-1, -2) @ pA[0][..., None])[..., 0]
-        rhs = u0 - (U0.transpose(-1, -2) @ a_world[..., None])[..., 0]
-        qdd0 = torch.linalg.solve(D0, rhs)
-        A[0] = a_world + (S0 @ qdd0[..., None])[..., 0]
-        qdd[:6] = list(qdd0.unbind(-1))
-    for idx, par, U, D, u, Sl, cl in reversed(saved):
-        if len(idx) == 1:
-            ap = (A[par[0]] if par[0] >= 0 else a_world)[:, None]
-        else:
-            ap = torch.stack([A[p] if p >= 0 else a_world for p in par], 1)
-        ql = (u - (U * (ap + cl)).sum(-1)) / D
-        Al = ap + cl + Sl * ql[..., None]
-        for k, b in enumerate(idx):
-            A[b] = Al[:, k]
-            qdd[b + dof0] = ql[:, k]
-    return torch.stack(qdd, -1)
+    return _aba(model, q, v, tau, f_ext, passive, mt)[0]
 
 
-def _solve_crba(model, q, v, tau, f_ext, passive, mt):
+def _solve_crba(model, q, v, tau, f_ext, passive, mt) -> tuple[Tensor, Tensor]:
     ts = tree_state(model, q, mt)
     M = crba_flat(model, q, ts)
     h = rnea_flat(model, q, v, torch.zeros_like(v), f_ext, passive, ts=ts)
     L = torch.linalg.cholesky(M)
-    return torch.cholesky_solve((tau - h)[..., None], L)[..., 0]
-
-
-def _solve(model, method, q, v, tau, f_ext, passive, mt):
-    if method == "aba":
-        return aba_flat(model, q, v, tau, f_ext, passive, mt)
-    return _solve_crba(model, q, v, tau, f_ext, passive, mt)
+    return torch.cholesky_solve((tau - h)[..., None], L)[..., 0], L
 
 
 class _ForwardDynamics(torch.autograd.Function):
-    """Forward dynamics whose backward is one ``M^{-1}`` solve plus one RNEA VJP."""
+    """Forward dynamics whose backward is one ``M^{-1}`` application plus one RNEA VJP."""
 
     @staticmethod
     def forward(ctx, model, method, passive, q, v, tau, f_ext, *mt_fields):
         mt = ModelTensors(*mt_fields)
-        qdd = _solve(model, method, q, v, tau, f_ext, passive, mt)
+        if method == "aba":
+            qdd, factors = _aba(model, q, v, tau, f_ext, passive, mt)
+            ctx.inverse = lambda g: apply_inverse_mass(model, factors, g)
+        else:
+            qdd, L = _solve_crba(model, q, v, tau, f_ext, passive, mt)
+            ctx.inverse = lambda g: torch.cholesky_solve(g[..., None], L)[..., 0]
         ctx.model, ctx.passive = model, passive
         ctx.has_f_ext = f_ext is not None
         ctx.save_for_backward(q, v, qdd, f_ext if f_ext is not None else q.new_empty(0), *mt_fields)
@@ -132,21 +233,18 @@ class _ForwardDynamics(torch.autograd.Function):
     def backward(ctx, g):
         q, v, qdd, f_ext, *mt_fields = ctx.saved_tensors
         f_ext = f_ext if ctx.has_f_ext else None
-        model = ctx.model
         needs = ctx.needs_input_grad
-        mt = ModelTensors(*mt_fields)
-        M = crba_flat(model, q, tree_state(model, q, mt))
-        lam = torch.cholesky_solve(g[..., None], torch.linalg.cholesky(M))[..., 0]
+        lam = ctx.inverse(g.contiguous())
         # Inputs of RNEA that need a cotangent: q, v, f_ext, then the model tensors.
         leaves = [q, v, f_ext, *mt_fields]
         flags = [needs[3], needs[4], needs[6] and f_ext is not None, *needs[7:]]
         wanted = [i for i, f in enumerate(flags) if f]
-        grads = [None] * len(leaves)
+        grads: list[Tensor | None] = [None] * len(leaves)
         if wanted:
             with torch.enable_grad():
                 inputs = [t.detach().requires_grad_(True) if flags[i] else t for i, t in enumerate(leaves)]
                 tau_id = rnea_flat(
-                    model, inputs[0], inputs[1], qdd, inputs[2], ctx.passive, mt=ModelTensors(*inputs[3:])
+                    ctx.model, inputs[0], inputs[1], qdd, inputs[2], ctx.passive, mt=ModelTensors(*inputs[3:])
                 )
                 got = torch.autograd.grad(tau_id, [inputs[i] for i in wanted], grad_outputs=-lam, allow_unused=True)
             for i, gi in zip(wanted, got):
@@ -169,12 +267,13 @@ def forward_dynamics_flat(
     if method not in METHODS:
         raise ShapeError(f"forward_dynamics: unknown method '{method}'; choose from {METHODS}")
     mt = model.model_tensors(q.dtype, q.device)
-    if not fast_grad or not torch.is_grad_enabled():
-        return _solve(model, method, q, v, tau, f_ext, passive, mt)
-    ins = [q, v, tau, f_ext, *mt]
-    if not any(t is not None and t.requires_grad for t in ins):
-        return _solve(model, method, q, v, tau, f_ext, passive, mt)
-    return _ForwardDynamics.apply(model, method, passive, q, v, tau, f_ext, *mt)
+    if fast_grad and torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, v, tau, f_ext, *mt)
+    ):
+        return _ForwardDynamics.apply(model, method, passive, q, v, tau, f_ext, *mt)
+    if method == "aba":
+        return _aba(model, q, v, tau, f_ext, passive, mt)[0]
+    return _solve_crba(model, q, v, tau, f_ext, passive, mt)[0]
 
 
 def forward_dynamics(
@@ -199,10 +298,10 @@ def forward_dynamics(
             torque about the link origin.
         passive: include the model's joint damping and springs.
         method: ``"aba"`` (Articulated Body Algorithm, default) or ``"crba"`` (mass matrix and a
-            batched Cholesky solve; often faster for short chains on CPU, see BENCHMARKS.md).
-        fast_grad: use the implicit-function-theorem backward (one ``M^{-1}`` solve + one RNEA
-            VJP; first-order gradients only). ``False`` backpropagates through the algorithm itself
-            (needed for higher-order derivatives).
+            batched Cholesky solve).
+        fast_grad: use the implicit-function-theorem backward (one ``M^{-1}`` application + one
+            RNEA VJP; first-order gradients only). ``False`` backpropagates through the algorithm
+            itself (needed for higher-order derivatives).
 
     Returns:
         (..., nv) accelerations in the inputs' dtype and device.

@@ -2,7 +2,7 @@
 
 World-frame form: the composite inertia seen by joint ``e`` is the sum of the world inertias of
 the bodies it moves (one masked product), and ``M[d, e] = S_d . (Ic_e S_e)`` for every joint ``d``
-at or above ``e``.
+at or above ``e``; only those pairs are computed, then scattered into the symmetric matrix.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..model.robot import RobotModel
-from ._common import TreeState, as_state, masks, tree_state, world_inertia
+from ._common import RigidInertia, TreeState, as_state, masks, tree_state, tree_sum, world_inertia
 
 __all__ = ["crba", "crba_flat"]
 
@@ -19,14 +19,15 @@ def crba_flat(model: RobotModel, q: Tensor, ts: TreeState | None = None) -> Tens
     """CRBA on a flat batch: ``q (B, nq) -> M (B, nv, nv)``."""
     if ts is None:
         ts = tree_state(model, q)
-    Iw = world_inertia(ts)
-    mask_bd, strict, same = masks(model, q)
-    B, nb = Iw.shape[:2]
-    Ic = (mask_bd.transpose(0, 1) @ Iw.reshape(B, nb, 36)).reshape(B, model.nv, 6, 6)
-    F = (Ic @ ts.S[..., None])[..., 0]  # (B, nv, 6)
-    P = ts.S @ F.transpose(-1, -2)  # P[d, e] = S_d . Ic_e S_e
-    upper = P * strict
-    return upper + upper.transpose(-1, -2) + P * same
+    inertia = world_inertia(ts)
+    _, mask_db = masks(model, q)
+    composite = RigidInertia(
+        m=mask_db @ inertia.m, h=tree_sum(mask_db, inertia.h), I=tree_sum(mask_db, inertia.I)
+    )
+    F = composite.apply(ts.S)  # (nv, 6, B)
+    vals = (ts.S[model._crba_d] * F[model._crba_e]).sum(1)  # (npairs, B)
+    M = model._crba_scatter.to(vals.dtype) @ vals  # (nv * nv, B)
+    return M.transpose(0, 1).reshape(-1, model.nv, model.nv)
 
 
 def crba(model: RobotModel, q: Tensor) -> Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..model.robot import RobotModel
-from ._common import as_state, masks, tree_state, world_inertia
+from ._common import as_state, masks, tree_state, tree_sum, world_inertia
 from .kinematics import link_placements
 
 __all__ = ["kinetic_energy", "potential_energy"]
@@ -16,10 +16,9 @@ def kinetic_energy(model: RobotModel, q: Tensor, v: Tensor) -> Tensor:
     flat, batch = as_state(model, [("q", q, model.nq), ("v", v, model.nv)])
     qf, vf = flat
     ts = tree_state(model, qf)
-    mask_bd, _, _ = masks(model, qf)
-    V = mask_bd @ (ts.S * vf[..., None])
-    Iw = world_inertia(ts)
-    return 0.5 * (V * (Iw @ V[..., None])[..., 0]).sum((-1, -2)).reshape(batch)
+    mask_bd, _ = masks(model, qf)
+    V = tree_sum(mask_bd, ts.S * vf.transpose(0, 1)[:, None])  # (nb, 6, B)
+    return 0.5 * (V * world_inertia(ts).apply(V)).sum((0, 1)).reshape(batch)
 
 
 def potential_energy(model: RobotModel, q: Tensor, *, passive: bool = True) -> Tensor:

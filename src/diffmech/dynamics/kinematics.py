@@ -16,19 +16,20 @@ FRAMES = ("world_aligned", "local", "world")
 
 
 def link_placements(model: RobotModel, ts: TreeState) -> tuple[Tensor, Tensor]:
-    """World placements of every link from body placements: ``(B, n_links, 3, 3), (B, n_links, 3)``."""
+    """World placements of every link: ``(B, n_links, 3, 3), (B, n_links, 3)`` (batch-first)."""
     mt = ts.mt
+    B = ts.R.shape[-1]
     lb = torch.tensor(model.link_body, device=ts.R.device)
+    R_b = ts.R.permute(3, 0, 1, 2)[:, lb.clamp_min(0)]  # (B, nl, 3, 3)
+    p_b = ts.p.permute(2, 0, 1)[:, lb.clamp_min(0)]
     world = lb < 0
-    # Links fixed to the world keep their offset as their world placement.
-    R_b = ts.R[:, lb.clamp_min(0)]
-    p_b = ts.p[:, lb.clamp_min(0)]
-    if bool(world.any()):
+    if bool(world.any()):  # links fixed to the world keep their offset as their world placement
         eye = torch.eye(3, dtype=ts.R.dtype, device=ts.R.device)
         R_b = torch.where(world[:, None, None], eye, R_b)
         p_b = torch.where(world[:, None], torch.zeros_like(p_b), p_b)
     R = R_b @ mt.link_R
     p = p_b + (R_b @ mt.link_p[..., None])[..., 0]
+    assert R.shape[0] == B
     return R, p
 
 
@@ -56,12 +57,13 @@ def link_pose(model: RobotModel, q: Tensor, link: str | int) -> Tensor:
 
 
 def _one_link(model: RobotModel, ts: TreeState, li: int) -> tuple[Tensor, Tensor]:
+    """Placement of link ``li``: ``(B, 3, 3), (B, 3)``."""
     b = model.link_body[li]
     Rl, pl = ts.mt.link_R[li], ts.mt.link_p[li]
+    B = ts.R.shape[-1]
     if b < 0:
-        B = ts.R.shape[0]
         return Rl.expand(B, 3, 3), pl.expand(B, 3)
-    R_b, p_b = ts.R[:, b], ts.p[:, b]
+    R_b, p_b = ts.R[b].permute(2, 0, 1), ts.p[b].transpose(0, 1)
     return R_b @ Rl, p_b + (R_b @ pl[..., None])[..., 0]
 
 
@@ -99,9 +101,10 @@ def jacobian(
     qf = flat[0]
     ts = tree_state(model, qf)
     R, p = _one_link(model, ts, li)
-    mask_bd, _, _ = masks(model, qf)
+    mask_bd, _ = masks(model, qf)
     b = model.link_body[li]
-    S = ts.S * (mask_bd[b][:, None] if b >= 0 else 0.0)  # (B, nv, 6), columns that move the link
+    S = ts.S.permute(2, 0, 1)  # (B, nv, 6)
+    S = S * (mask_bd[b][:, None] if b >= 0 else 0.0)  # columns that move the link
     if point is not None:
         p = p + (R @ flat[1][..., None])[..., 0]
     if frame == "world":

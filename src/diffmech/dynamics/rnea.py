@@ -7,13 +7,13 @@ masked matrix product over all bodies.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
-from .. import spatial
 from ..model.robot import ModelTensors, RobotModel
 from ._common import (
-    TreeState, as_state, external_body_forces, f_ext_entry, gravity_acceleration, masks, passive_forces,
-    tree_state, world_inertia,
+    TreeState, as_state, external_body_forces, f_ext_entry, force_cross, gravity_acceleration, masks,
+    motion_cross, passive_forces, tree_state, tree_sum, world_inertia,
 )
 
 __all__ = ["rnea", "bias_forces", "generalized_gravity", "rnea_flat"]
@@ -33,19 +33,22 @@ def rnea_flat(
     if ts is None:
         ts = tree_state(model, q, mt)
     mt = ts.mt
-    S = ts.S
-    Iw = world_inertia(ts)
-    mask_bd, _, _ = masks(model, q)
-    V = mask_bd @ (S * v[..., None])  # (B, nb, 6) body spatial velocities
-    dS = spatial.motion_cross(V[:, model.dof_body], S)  # d/dt of each column moving with its body
-    A = mask_bd @ (S * a[..., None] + dS * v[..., None]) + gravity_acceleration(mt)
-    F = (Iw @ A[..., None])[..., 0] + spatial.force_cross(V, (Iw @ V[..., None])[..., 0])
+    vT, aT = v.transpose(0, 1), a.transpose(0, 1)
+    S = ts.S  # (nv, 6, B)
+    inertia = world_inertia(ts)
+    mask_bd, mask_db = masks(model, q)
+    Sv = S * vT[:, None]
+    V = tree_sum(mask_bd, Sv)  # (nb, 6, B) body spatial velocities
+    # Each column moves with its body: d/dt S_d = V_body(d) x S_d.
+    dSv = motion_cross(V[model._dof_body], Sv)
+    A = tree_sum(mask_bd, S * aT[:, None] + dSv) + gravity_acceleration(mt)
+    F = inertia.apply(A) + force_cross(V, inertia.apply(V))
     if f_ext is not None:
         F = F - external_body_forces(model, ts, f_ext)
-    tau = (S * (mask_bd.transpose(0, 1) @ F)).sum(-1)  # project subtree forces on each joint
+    tau = (S * tree_sum(mask_db, F)).sum(1)  # project subtree forces on each joint, (nv, B)
     if passive:
-        tau = tau - passive_forces(model, mt, q, v)
-    return tau
+        tau = tau - passive_forces(model, mt, q.transpose(0, 1), vT)
+    return tau.transpose(0, 1)
 
 
 def rnea(
@@ -85,7 +88,7 @@ def bias_forces(model: RobotModel, q: Tensor, v: Tensor, *, passive: bool = True
     """``h(q, v) = C(q, v) v + g(q) (- tau_passive)``, ``(..., nv)``: RNEA with zero acceleration."""
     flat, batch = as_state(model, [("q", q, model.nq), ("v", v, model.nv)])
     qf, vf = flat
-    return rnea_flat(model, qf, vf, vf.new_zeros(()).expand_as(vf), passive=passive).reshape(*batch, model.nv)
+    return rnea_flat(model, qf, vf, torch.zeros_like(vf), passive=passive).reshape(*batch, model.nv)
 
 
 def generalized_gravity(model: RobotModel, q: Tensor) -> Tensor:

@@ -91,16 +91,21 @@ class ModelTensors(NamedTuple):
     """Per-call constants derived from the parameters, in one dtype/device.
 
     ``nb`` moving bodies, ``nj`` one-DoF bodies (``nb - 1`` with a floating base, else ``nb``),
-    ``nl`` links.
+    ``nl`` links. Fields used in the batch-last algorithms carry a trailing broadcast dimension.
+    The joint rotation about a unit axis is ``R_joint = I + sin q K + (1 - cos q) K^2``, so the
+    joint's placement in its parent body, ``R_tree R_joint``, is ``A0 + sin q A1 + (1 - cos q) A2``.
     """
 
-    R_tree: Tensor  # (nj, 3, 3) joint frame in parent body frame
-    p_tree: Tensor  # (nj, 3)
-    K: Tensor  # (nj, 3, 3) skew(axis) for revolute joints, zero for prismatic
-    KK: Tensor  # (nj, 3, 3) K @ K
-    lin_axis: Tensor  # (nj, 3) axis for prismatic joints, zero for revolute
-    rot_axis: Tensor  # (nj, 3) axis for revolute joints, zero for prismatic
-    I_body: Tensor  # (nb, 6, 6) spatial inertia of each body in its frame
+    A0: Tensor  # (nj, 3, 3, 1) R_tree: joint frame in the parent body frame
+    A1: Tensor  # (nj, 3, 3, 1) R_tree K (zero for prismatic joints)
+    A2: Tensor  # (nj, 3, 3, 1) R_tree K^2
+    p_tree: Tensor  # (nj, 3, 1) joint origin in the parent body frame
+    lin_dir: Tensor  # (nj, 3, 1) R_tree axis for prismatic joints, zero for revolute
+    rot_axis: Tensor  # (nj, 3, 1) revolute axis in the body frame, zero for prismatic
+    lin_axis: Tensor  # (nj, 3, 1) prismatic axis in the body frame, zero for revolute
+    body_mass: Tensor  # (nb,) mass of each body (its rigidly attached links)
+    body_h: Tensor  # (nb, 3) first mass moment sum m c about the body origin, body frame
+    body_I: Tensor  # (nb, 3, 3) rotational inertia about the body origin, body axes
     link_R: Tensor  # (nl, 3, 3) link frame in its body frame (world for world-fixed links)
     link_p: Tensor  # (nl, 3)
     link_mass: Tensor  # (nl,)
@@ -270,11 +275,21 @@ class RobotModel(nn.Module):
         self.dof_body = dof_body
         db = torch.tensor(dof_body, dtype=torch.long)
         # mask_bd[i, d]: dof d moves body i
-        self.register_buffer("_mask_bd", A[db, :].T.contiguous().to(torch.float64), persistent=False)
-        dof_anc = A[db][:, db]  # [d, e]: body(d) is body(e) or its ancestor
-        same = db[:, None] == db[None, :]
-        self.register_buffer("_mask_strict", (dof_anc & ~same).to(torch.float64), persistent=False)
-        self.register_buffer("_mask_same", same.to(torch.float64), persistent=False)
+        mask_bd = A[db, :].T.contiguous().to(torch.float64)
+        self.register_buffer("_mask_bd", mask_bd, persistent=False)
+        self.register_buffer("_mask_db", mask_bd.T.contiguous(), persistent=False)
+        # Mass-matrix entries: pairs (d, e) with body(d) at or above body(e); M[d, e] = S_d . Ic_e S_e.
+        # `_crba_scatter` places each pair's value at (d, e) and, for distinct bodies, at (e, d).
+        pairs = [(d, e) for e in range(self.nv) for d in range(self.nv) if bool(A[dof_body[d], dof_body[e]])]
+        scatter = torch.zeros(self.nv * self.nv, len(pairs), dtype=torch.float64)
+        for k, (d, e) in enumerate(pairs):
+            scatter[d * self.nv + e, k] = 1
+            if dof_body[d] != dof_body[e]:
+                scatter[e * self.nv + d, k] = 1
+        self.register_buffer("_crba_d", torch.tensor([d for d, _ in pairs], dtype=torch.long), persistent=False)
+        self.register_buffer("_crba_e", torch.tensor([e for _, e in pairs], dtype=torch.long), persistent=False)
+        self.register_buffer("_dof_body", torch.tensor(dof_body, dtype=torch.long), persistent=False)
+        self.register_buffer("_crba_scatter", scatter, persistent=False)
         self._body_anc = A
         self._q_joint_start = 7 * nfree
         self._v_joint_start = 6 * nfree
@@ -364,18 +379,25 @@ class RobotModel(nn.Module):
         mass = torch.stack([cast(m) for m, _, _ in inertial])
         com = torch.stack([cast(c) for _, c, _ in inertial])
         inertia = torch.stack([cast(i) for _, _, i in inertial])
-        # Spatial inertia of each link in its body frame, summed per body.
-        com_b = link_p_t + (link_R_t @ com[..., None])[..., 0]
-        I_b = link_R_t @ inertia @ link_R_t.transpose(-1, -2)
-        I6 = spatial.spatial_inertia(mass, com_b, I_b)
+        # Mass, first moment and inertia about the body origin: these add up across links
+        # without dividing by a (possibly zero) body mass.
+        c_b = link_p_t + (link_R_t @ com[..., None])[..., 0]
+        I_c = link_R_t @ inertia @ link_R_t.transpose(-1, -2)
+        I_o = I_c + mass[:, None, None] * ((c_b * c_b).sum(-1)[:, None, None] * eye - c_b[:, :, None] * c_b[:, None, :])
         lb = torch.tensor(self.link_body, device=device)
         keep = lb >= 0
-        I_body = torch.zeros(self.nb, 6, 6, **kw).index_add(0, lb[keep], I6[keep])
+        body_mass = torch.zeros(self.nb, **kw).index_add(0, lb[keep], mass[keep])
+        body_h = torch.zeros(self.nb, 3, **kw).index_add(0, lb[keep], (mass[:, None] * c_b)[keep])
+        body_I = torch.zeros(self.nb, 3, 3, **kw).index_add(0, lb[keep], I_o[keep])
 
         axes = cast(self._axes)
         pris = torch.tensor(self._is_prismatic, **kw)[:, None] if self.nj else torch.zeros(0, 1, **kw)
         rot_axis = axes * (1 - pris)
+        lin_axis = axes * pris
         K = spatial.skew(rot_axis)
+        A1 = R_tree @ K
+        A2 = A1 @ K
+        lin_dir = (R_tree @ lin_axis[..., None])[..., 0]
         joint_of_body = [self.joints[k] for k in self._body_joint]
         if self.nj:
             damping = torch.stack([cast(j.damping) for j in joint_of_body])
@@ -385,8 +407,10 @@ class RobotModel(nn.Module):
             damping = stiffness = rest = torch.zeros(0, **kw)
         assert link_R_t.shape[0] == nl
         return ModelTensors(
-            R_tree=R_tree, p_tree=p_tree, K=K, KK=K @ K, lin_axis=axes * pris, rot_axis=rot_axis,
-            I_body=I_body, link_R=link_R_t, link_p=link_p_t, link_mass=mass, link_com=com,
+            A0=R_tree[..., None], A1=A1[..., None], A2=A2[..., None], p_tree=p_tree[..., None],
+            lin_dir=lin_dir[..., None], rot_axis=rot_axis[..., None], lin_axis=lin_axis[..., None],
+            body_mass=body_mass, body_h=body_h, body_I=body_I,
+            link_R=link_R_t, link_p=link_p_t, link_mass=mass, link_com=com,
             damping=damping, stiffness=stiffness, rest=rest, gravity=cast(self.gravity),
         )
 

@@ -1,0 +1,421 @@
+"""Differentiable rollouts whose backward pass recomputes each step from its stored state.
+
+``q, v = rollout(robot, q0, v0, tau, dt)`` integrates ``T`` fixed steps and returns the whole
+trajectory. With ``adjoint="checkpoint"`` (default) the forward pass runs without a graph and
+keeps only the states; the backward pass walks the steps in reverse, rebuilds one step's graph
+from its stored state, and propagates the adjoint (the cotangent of the state) through it:
+
+    ``lam_k = (d x_{k+1} / d x_k)^T lam_{k+1} + dL/dx_k``,  ``dL/dtheta += (d x_{k+1} / d theta)^T lam_{k+1}``.
+
+Memory therefore grows with ``steps x state size`` instead of with the graph of every step, and
+each reverse step costs one rebuilt step plus its VJP (for the dynamics: one ABA, one mass-matrix
+Cholesky solve and one RNEA VJP, see :func:`diffmech.dynamics.aba.forward_dynamics`).
+``adjoint="autograd"`` backpropagates through the whole loop (the baseline).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import ShapeError, SimulationError
+from ..model.robot import RobotModel
+from .integrators import Integrator, get_integrator
+
+__all__ = ["rollout", "ADJOINTS"]
+
+ADJOINTS = ("checkpoint", "autograd")
+
+# States are checked for non-finite values once per this many steps (one host sync per chunk, not
+# per step); the failing step is then located exactly.
+_CHECK_EVERY = 32
+
+
+@dataclass
+class _Config:
+    robot: RobotModel
+    integ: Integrator
+    dt: float
+    steps: int
+    passive: bool
+    batch: tuple[int, ...]
+    policy: Callable | None
+    checkpoint_every: int
+    progress: bool
+    stats: dict | None
+    n_params: int = 0
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def B(self) -> int:
+        return math.prod(self.batch)
+
+
+def _control(cfg: _Config, tau: Tensor | None, k: int, q: Tensor, v: Tensor) -> Tensor:
+    if cfg.policy is None:
+        return tau[:, k]
+    robot = cfg.robot
+    u = cfg.policy(k * cfg.dt, q.reshape(*cfg.batch, robot.nq), v.reshape(*cfg.batch, robot.nv))
+    if not isinstance(u, Tensor):
+        raise ShapeError(f"rollout: the policy returned {type(u).__name__} at step {k}; expected a tensor (..., nv)")
+    try:
+        return u.expand(*cfg.batch, robot.nv).reshape(cfg.B, robot.nv)
+    except RuntimeError:
+        raise ShapeError(
+            f"rollout: the policy returned shape {tuple(u.shape)} at step {k}; expected (..., {robot.nv}) "
+            f"broadcastable to the batch {cfg.batch}"
+        ) from None
+
+
+def _steps_iter(cfg: _Config, start: int, stop: int, desc: str):
+    if not cfg.progress:
+        return range(start, stop)
+    from tqdm.auto import tqdm
+
+    return tqdm(range(start, stop), desc=desc, total=stop - start, leave=False)
+
+
+def _check_finite(cfg: _Config, qs: Tensor, vs: Tensor, first_state: int) -> None:
+    """Raise :class:`SimulationError` if states ``qs, vs (B, n_states, n)`` hold a non-finite value."""
+    ok = torch.isfinite(qs).all(-1) & torch.isfinite(vs).all(-1)  # (B, n_states)
+    if bool(ok.all()):
+        return
+    bad_state = (~ok).any(0).nonzero()[0, 0].item()
+    bad_b = (~ok[:, bad_state]).nonzero()[0, 0].item()
+    state = first_state + int(bad_state)
+    elem = tuple(int(i) for i in torch.unravel_index(torch.tensor(bad_b), cfg.batch)) if cfg.batch else ()
+    where = f"batch element {elem}" if cfg.batch else "the state"
+    n_bad = int((~ok[:, bad_state]).sum())
+    if state == 0:
+        raise SimulationError(f"rollout: the initial state (q0, v0) is not finite in {where}")
+    raise SimulationError(
+        f"rollout: non-finite state at step {state - 1} (state {state}, t = {state * cfg.dt:.6g} s) in {where} "
+        f"({n_bad} of {cfg.B} batch elements affected); the step is too large for the dynamics, the controls "
+        "are not finite or the model is degenerate"
+    )
+
+
+def _simulate(cfg: _Config, q0, v0, tau, f_ext, Q, V, start: int, stop: int, check: bool) -> None:
+    """Integrate steps ``start..stop-1`` without recording into ``Q, V (B, >= stop+1, n)``."""
+    robot, integ, dt, passive = cfg.robot, cfg.integ, cfg.dt, cfg.passive
+    q, v = q0, v0
+    last = start
+    implicit = integ.implicit
+    for k in _steps_iter(cfg, start, stop, "rollout"):
+        u = _control(cfg, tau, k, q, v)
+        fe = None if f_ext is None else f_ext[:, k]
+        q, v = integ.step_flat(robot, q, v, u, dt, fe, passive, context=f"step {k}" if implicit else "")
+        Q[:, k + 1] = q
+        V[:, k + 1] = v
+        if check and (k + 1 - last >= _CHECK_EVERY or k + 1 == stop):
+            _check_finite(cfg, Q[:, last + 1:k + 2], V[:, last + 1:k + 2], last + 1)
+            last = k + 1
+
+
+class _CheckpointRollout(torch.autograd.Function):
+    """Rollout whose backward recomputes each step from the stored states (see module docstring)."""
+
+    @staticmethod
+    def forward(ctx, cfg: _Config, q0, v0, tau, f_ext, *params):
+        t0 = time.perf_counter()
+        robot, T, B = cfg.robot, cfg.steps, q0.shape[0]
+        Q = q0.new_empty(B, T + 1, robot.nq)
+        V = v0.new_empty(B, T + 1, robot.nv)
+        Q[:, 0] = q0
+        V[:, 0] = v0
+        _check_finite(cfg, Q[:, :1], V[:, :1], 0)
+        _simulate(cfg, q0, v0, tau, f_ext, Q, V, 0, T, check=True)
+        K = cfg.checkpoint_every
+        if K == 1:
+            # The outputs are the stored states: saving them costs no copy.
+            ctx.save_for_backward(Q, V, tau, f_ext)
+        else:
+            ctx.save_for_backward(Q[:, ::K].clone(), V[:, ::K].clone(), tau, f_ext)
+        ctx.cfg = cfg
+        ctx.params = params
+        if cfg.stats is not None:
+            saved = (T // K + 1) * B * (robot.nq + robot.nv) * q0.element_size()
+            cfg.stats.update(forward_time=time.perf_counter() - t0, steps=T, checkpoint_every=K, saved_state_bytes=saved)
+        return Q, V
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, gQ, gV):
+        t0 = time.perf_counter()
+        cfg = ctx.cfg
+        Qs, Vs, tau, f_ext = ctx.saved_tensors
+        params = ctx.params
+        needs = ctx.needs_input_grad
+        need_tau = tau is not None and needs[3]
+        need_f = f_ext is not None and needs[4]
+        p_idx = [i for i, p in enumerate(params) if needs[5 + i]]
+        p_need = [params[i] for i in p_idx]
+        robot, integ, dt, passive, T, K = cfg.robot, cfg.integ, cfg.dt, cfg.passive, cfg.steps, cfg.checkpoint_every
+        B = Qs.shape[0]
+        aq = gQ[:, T].clone()
+        av = gV[:, T].clone()
+        g_tau = torch.zeros_like(tau) if need_tau else None
+        g_f = torch.zeros_like(f_ext) if need_f else None
+        g_p: list[Tensor | None] = [None] * len(p_need)
+        implicit = integ.implicit
+        recomputed = 0
+        for s in reversed(range(0, T, K)):
+            e = min(s + K, T)
+            if K == 1:
+                Qseg, Vseg, off = Qs, Vs, 0
+            else:
+                # Rebuild the states of this segment from its checkpoint (no graph).
+                Qseg = Qs.new_empty(B, e - s + 1, robot.nq)
+                Vseg = Vs.new_empty(B, e - s + 1, robot.nv)
+                Qseg[:, 0] = Qs[:, s // K]
+                Vseg[:, 0] = Vs[:, s // K]
+                with torch.no_grad():
+                    _simulate_segment(cfg, Qseg, Vseg, tau, f_ext, s, e)
+                recomputed += e - s
+                off = s
+            for k in range(e - 1, s - 1, -1):
+                with torch.enable_grad():
+                    qk = Qseg[:, k - off].detach().requires_grad_(True)
+                    vk = Vseg[:, k - off].detach().requires_grad_(True)
+                    if cfg.policy is None:
+                        u = tau[:, k].detach().requires_grad_(need_tau)
+                    else:
+                        u = _control(cfg, None, k, qk, vk)
+                    fe = None if f_ext is None else f_ext[:, k].detach().requires_grad_(need_f)
+                    hint = Qseg[:, k + 1 - off] if implicit else None
+                    q1, v1 = integ.step_flat(robot, qk, vk, u, dt, fe, passive,
+                                             context=f"step {k} (backward)" if implicit else "", hint=hint)
+                    inputs = [qk, vk]
+                    if need_tau:
+                        inputs.append(u)
+                    if need_f:
+                        inputs.append(fe)
+                    inputs.extend(p_need)
+                    grads = torch.autograd.grad((q1, v1), inputs, (aq, av), allow_unused=True)
+                aq = _or_zero(grads[0], qk) + gQ[:, k]
+                av = _or_zero(grads[1], vk) + gV[:, k]
+                j = 2
+                if need_tau:
+                    if grads[j] is not None:
+                        g_tau[:, k] = grads[j]
+                    j += 1
+                if need_f:
+                    if grads[j] is not None:
+                        g_f[:, k] = grads[j]
+                    j += 1
+                for i, gi in enumerate(grads[j:]):
+                    if gi is not None:
+                        g_p[i] = gi if g_p[i] is None else g_p[i] + gi
+        out_p: list[Tensor | None] = [None] * len(params)
+        for i, gi in zip(p_idx, g_p):
+            out_p[i] = gi if gi is not None else torch.zeros_like(params[i])
+        if cfg.stats is not None:
+            cfg.stats.update(backward_time=time.perf_counter() - t0, recomputed_steps=recomputed)
+        return (None, aq if needs[1] else None, av if needs[2] else None, g_tau, g_f, *out_p)
+
+
+def _or_zero(g: Tensor | None, like: Tensor) -> Tensor:
+    return g if g is not None else torch.zeros_like(like)
+
+
+def _simulate_segment(cfg: _Config, Qseg, Vseg, tau, f_ext, s: int, e: int) -> None:
+    robot, integ, dt, passive = cfg.robot, cfg.integ, cfg.dt, cfg.passive
+    q, v = Qseg[:, 0], Vseg[:, 0]
+    for k in range(s, e):
+        u = _control(cfg, tau, k, q, v)
+        fe = None if f_ext is None else f_ext[:, k]
+        q, v = integ.step_flat(robot, q, v, u, dt, fe, passive, context=f"step {k} (recompute)" if integ.implicit
+                               else "")
+        Qseg[:, k + 1 - s] = q
+        Vseg[:, k + 1 - s] = v
+
+
+def _autograd_rollout(cfg: _Config, q0, v0, tau, f_ext) -> tuple[Tensor, Tensor]:
+    t0 = time.perf_counter()
+    robot, integ, dt, passive = cfg.robot, cfg.integ, cfg.dt, cfg.passive
+    with torch.no_grad():
+        _check_finite(cfg, q0[:, None], v0[:, None], 0)
+    qs, vs = [q0], [v0]
+    q, v = q0, v0
+    last = 0
+    implicit = integ.implicit
+    for k in _steps_iter(cfg, 0, cfg.steps, "rollout (autograd)"):
+        u = _control(cfg, tau, k, q, v)
+        fe = None if f_ext is None else f_ext[:, k]
+        q, v = integ.step_flat(robot, q, v, u, dt, fe, passive, context=f"step {k}" if implicit else "")
+        qs.append(q)
+        vs.append(v)
+        if k + 1 - last >= _CHECK_EVERY or k + 1 == cfg.steps:
+            with torch.no_grad():
+                _check_finite(cfg, torch.stack(qs[last + 1:], 1), torch.stack(vs[last + 1:], 1), last + 1)
+            last = k + 1
+    Q, V = torch.stack(qs, 1), torch.stack(vs, 1)
+    if cfg.stats is not None:
+        cfg.stats.update(forward_time=time.perf_counter() - t0, steps=cfg.steps, checkpoint_every=None)
+    return Q, V
+
+
+def _unique_trainable(tensors) -> list[Tensor]:
+    seen: set[int] = set()
+    out = []
+    for t in tensors:
+        if isinstance(t, Tensor) and t.requires_grad and id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
+    return out
+
+
+def rollout(
+    robot: RobotModel,
+    q0: Tensor,
+    v0: Tensor,
+    tau: Tensor | Callable[[float, Tensor, Tensor], Tensor],
+    dt: float,
+    *,
+    integrator: str | Integrator = "semi_implicit_euler",
+    adjoint: str = "checkpoint",
+    checkpoint_every: int = 1,
+    f_ext: Tensor | None = None,
+    passive: bool = True,
+    params: Sequence[Tensor] | None = None,
+    steps: int | None = None,
+    progress: bool = False,
+    stats: dict | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Simulate ``T`` fixed steps and return the trajectory, differentiably.
+
+    Args:
+        robot: the model (its trainable parameters receive gradients).
+        q0: (..., nq) initial configuration.
+        v0: (..., nv) initial velocity.
+        tau: either joint forces ``(..., T, nv)`` held constant over each step (time after the
+            batch dims), or a policy ``tau = f(t, q, v)`` called once per step with the time
+            ``t = k dt`` (float, s), ``q (..., nq)`` and ``v (..., nv)`` (the rollout's batch
+            shape) and returning ``(..., nv)``; an ``nn.Module`` policy's trainable parameters
+            receive gradients (pass those of a plain function's closure in ``params``).
+        dt: step, s.
+        integrator: a name of :data:`diffmech.sim.INTEGRATORS` (``"semi_implicit_euler"``,
+            ``"euler"``, ``"midpoint"``, ``"rk4"``, ``"variational_midpoint"``) or an
+            :class:`~diffmech.sim.Integrator` instance.
+        adjoint: ``"checkpoint"`` (store states only; each reverse step recomputes one step) or
+            ``"autograd"`` (backpropagate through the graph of the whole loop).
+        checkpoint_every: with ``adjoint="checkpoint"``, keep every ``k``-th state for the
+            backward pass and recompute the states in between (one extra forward step per step):
+            the saved states shrink ``k``-fold once the returned trajectory is released.
+        f_ext: optional (..., T, n_links, 6) link forces; torques per step (world-aligned axes,
+            torque about the link origin).
+        passive: include joint damping and springs.
+        params: extra tensors that the policy (or anything the steps read) uses without being
+            an ``nn.Module`` parameter visible here; they receive gradients. The robot's
+            trainable parameters and an ``nn.Module`` policy's are collected automatically.
+        steps: number of steps ``T``; required with a policy, checked against ``tau`` otherwise.
+        progress: show a progress bar (tqdm).
+        stats: optional dict filled with ``forward_time`` (s), ``steps``, ``checkpoint_every``,
+            ``saved_state_bytes`` and, after ``backward()``, ``backward_time`` (s) and
+            ``recomputed_steps`` (checkpoint mode) -- for benchmarks.
+
+    Returns:
+        ``q (..., T + 1, nq)`` and ``v (..., T + 1, nv)``, the states at ``t = 0, dt, ..., T dt``;
+        the batch shape broadcasts those of ``q0``, ``v0``, ``tau`` and ``f_ext``.
+
+    Raises:
+        SimulationError: a state became non-finite (names the step and the batch element).
+        ConvergenceError: an implicit step did not converge (names the step and its residual).
+        ShapeError: inconsistent shapes, dtypes or options.
+    """
+    integ = get_integrator(integrator)
+    integ.check_robot(robot)
+    if adjoint not in ADJOINTS:
+        raise ShapeError(f"rollout: unknown adjoint '{adjoint}'; choose from {ADJOINTS}")
+    if not isinstance(checkpoint_every, int) or isinstance(checkpoint_every, bool) or checkpoint_every < 1:
+        raise ShapeError(f"rollout: checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
+    dt = float(dt)
+    if not (dt > 0 and math.isfinite(dt)):
+        raise ShapeError(f"rollout: dt must be a positive finite number, got {dt}")
+    for name, t, n in (("q0", q0, robot.nq), ("v0", v0, robot.nv)):
+        if not isinstance(t, Tensor):
+            raise ShapeError(f"rollout: '{name}' must be a tensor, got {type(t).__name__}")
+        if t.dim() < 1 or t.shape[-1] != n:
+            raise ShapeError(f"rollout: '{name}' must have shape (..., {n}) for '{robot.name}', got {tuple(t.shape)}")
+        if not t.dtype.is_floating_point:
+            raise ShapeError(f"rollout: '{name}' must be floating point, got {t.dtype}")
+    dtype, device = q0.dtype, q0.device
+    tensors = [("v0", v0)]
+    policy = None
+    batch_shapes = [q0.shape[:-1], v0.shape[:-1]]
+    if isinstance(tau, Tensor):
+        if tau.dim() < 2 or tau.shape[-1] != robot.nv:
+            raise ShapeError(f"rollout: 'tau' must have shape (..., T, {robot.nv}), got {tuple(tau.shape)}")
+        T = tau.shape[-2]
+        if steps is not None and steps != T:
+            raise ShapeError(f"rollout: steps={steps} but tau has {T} steps (shape {tuple(tau.shape)})")
+        batch_shapes.append(tau.shape[:-2])
+        tensors.append(("tau", tau))
+    elif callable(tau):
+        policy = tau
+        if steps is None:
+            raise ShapeError("rollout: 'steps' is required when tau is a policy")
+        T = steps
+    else:
+        raise ShapeError(f"rollout: 'tau' must be a tensor (..., T, nv) or a callable policy, got {type(tau).__name__}")
+    if not isinstance(T, int) or T < 0:
+        raise ShapeError(f"rollout: the number of steps must be a non-negative integer, got {T!r}")
+    if f_ext is not None:
+        if not isinstance(f_ext, Tensor) or f_ext.dim() < 3 or tuple(f_ext.shape[-3:]) != (T, robot.n_links, 6):
+            raise ShapeError(
+                f"rollout: 'f_ext' must have shape (..., T={T}, n_links={robot.n_links}, 6), got "
+                f"{tuple(getattr(f_ext, 'shape', ()))}"
+            )
+        batch_shapes.append(f_ext.shape[:-3])
+        tensors.append(("f_ext", f_ext))
+    for name, t in tensors:
+        if t.dtype != dtype or t.device != device:
+            raise ShapeError(
+                f"rollout: '{name}' is {t.dtype} on {t.device} but q0 is {dtype} on {device}; pass one dtype/device"
+            )
+    try:
+        batch = tuple(torch.broadcast_shapes(*batch_shapes))
+    except RuntimeError:
+        raise ShapeError(
+            "rollout: the batch shapes of " + ", ".join(
+                f"{n} {tuple(s)}" for n, s in zip(["q0", "v0"] + [n for n, _ in tensors[1:]], batch_shapes)
+            ) + " do not broadcast"
+        ) from None
+    B = math.prod(batch)
+    q0f = q0.expand(*batch, robot.nq).reshape(B, robot.nq)
+    v0f = v0.expand(*batch, robot.nv).reshape(B, robot.nv)
+    tauf = tau.expand(*batch, T, robot.nv).reshape(B, T, robot.nv) if policy is None else None
+    fef = f_ext.expand(*batch, T, robot.n_links, 6).reshape(B, T, robot.n_links, 6) if f_ext is not None else None
+
+    cfg = _Config(robot=robot, integ=integ, dt=dt, steps=T, passive=bool(passive), batch=batch, policy=policy,
+                  checkpoint_every=checkpoint_every, progress=progress, stats=stats)
+    if adjoint == "autograd":
+        Q, V = _autograd_rollout(cfg, q0f, v0f, tauf, fef)
+    else:
+        extra = list(params) if params is not None else []
+        for i, p in enumerate(extra):
+            if not isinstance(p, Tensor):
+                raise ShapeError(f"rollout: params[{i}] must be a tensor, got {type(p).__name__}")
+        pol_params = list(policy.parameters()) if isinstance(policy, nn.Module) else []
+        all_params = _unique_trainable([*robot.parameters(), *pol_params, *extra])
+        differentiable = torch.is_grad_enabled() and (
+            bool(all_params) or any(t is not None and t.requires_grad for t in (q0f, v0f, tauf, fef))
+        )
+        if differentiable:
+            Q, V = _CheckpointRollout.apply(cfg, q0f, v0f, tauf, fef, *all_params)
+        else:
+            with torch.no_grad():
+                Q, V = _CheckpointRollout.forward(_NoCtx(), cfg, q0f, v0f, tauf, fef)
+    return Q.reshape(*batch, T + 1, robot.nq), V.reshape(*batch, T + 1, robot.nv)
+
+
+class _NoCtx:
+    """Stand-in for the autograd context when no gradient is needed (nothing is kept)."""
+
+    def save_for_backward(self, *tensors):
+        pass
