@@ -191,10 +191,11 @@ def _plot(name: str, robot: RobotModel, data: dict, path: Path) -> None:
         if coords is None:
             ax.semilogy(s, data["mass_matrix_cond"], color="k")
             continue
-        for k in coords:
-            ax.plot(s, g[:, k].tolist(), label=names[k], linewidth=1.2)
+        for i, k in enumerate(coords):
+            # Dashed once the 10-colour cycle repeats, so every curve stays identifiable.
+            ax.plot(s, g[:, k].tolist(), label=names[k], linewidth=1.2, linestyle="-" if i < 10 else "--")
         ax.legend(fontsize=7, ncol=1 if len(coords) <= 10 else 2, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    axes[0].set_title(f"{name} ({robot.name}, nq={robot.nq}, nv={robot.nv}): joints swept together, lower to upper limit")
+    fig.suptitle(f"{name} ({robot.name}, nq={robot.nq}, nv={robot.nv}): all joints swept together")
     axes[-1].set_xlabel("sweep fraction s  (joint j at lower_j + s (upper_j - lower_j))")
     fig.savefig(path, dpi=100)
 

@@ -77,8 +77,8 @@ def _where_batch(mask: Tensor, a: Tensor, b: Tensor) -> Tensor:
     return torch.where(mask[..., None], a, b)
 
 
-def _newton(fn, jacobian, x0, params, tol, max_iter, line_search):
-    """Newton iterations without a graph. Returns ``(x, residual_norm, iterations, singular)``."""
+def _newton(fn, jacobian, x0, params, tol, max_iter, line_search, chord=False):
+    """Newton iterations without a graph. Returns ``(x, r, residual_norm, iterations, singular)``."""
     x = x0.detach().clone()
     r = fn(x, *params)
     if r.shape != x.shape:
@@ -88,15 +88,18 @@ def _newton(fn, jacobian, x0, params, tol, max_iter, line_search):
         )
     rn = _inf_norm(r)
     singular = torch.zeros_like(rn, dtype=torch.bool)
+    lu = None
     it = 0
     while it < max_iter:
         done = rn <= tol
-        if bool(done.all()):
+        if bool(done.all()) or not bool(torch.isfinite(rn).all()):
             break
-        J = _jac(fn, jacobian, x, params)
-        dx, info = torch.linalg.solve_ex(J, -r[..., None])
-        dx = dx[..., 0]
-        singular = singular | (info != 0) | ~torch.isfinite(dx).all(-1)
+        if lu is None or not chord:
+            J = _jac(fn, jacobian, x, params)
+            lu, piv, info = torch.linalg.lu_factor_ex(J)
+            singular = singular | (info != 0)
+        dx = torch.linalg.lu_solve(lu, piv, -r[..., None])[..., 0]
+        singular = singular | ~torch.isfinite(dx).all(-1)
         dx = torch.where(torch.isfinite(dx), dx, torch.zeros_like(dx))
         # Converged elements stay where they are (their step is zeroed).
         dx = _where_batch(done, torch.zeros_like(dx), dx)
@@ -155,7 +158,7 @@ class _ImplicitSolve(torch.autograd.Function):
         params = all_params[:n_explicit]
         with torch.no_grad():
             x, _, rn, it, singular = _newton(fn, jacobian, x0, params, opts["tol"], opts["max_iter"],
-                                             opts["line_search"])
+                                             opts["line_search"], opts["chord"])
         ctx.fn, ctx.jacobian, ctx.n_explicit = fn, jacobian, n_explicit
         ctx.save_for_backward(x, *all_params)
         ctx.mark_non_differentiable(rn)
@@ -198,6 +201,7 @@ def newton_solve(
     max_iter: int = 50,
     jacobian: Callable[..., Tensor] | None = None,
     line_search: bool = True,
+    chord: bool = False,
     raise_on_failure: bool = True,
     context: str = "",
 ) -> Tensor | tuple[Tensor, NewtonStatus]:
@@ -229,6 +233,11 @@ def newton_solve(
         jacobian: optional analytic ``J = jacobian(x, *params) -> (..., n, n)``, ``J[..., i, j] =
             dr_i/dx_j``; used in the forward iterations and in the backward solve.
         line_search: halve the step while it does not decrease the residual norm (Armijo).
+        chord: factorise the Jacobian of the first iteration only and reuse it (the chord, or
+            simplified Newton, method): cheaper iterations, linear instead of quadratic
+            convergence -- a good trade when ``x0`` is close to the root (e.g. a time step
+            started from an explicit predictor). The backward pass always uses the Jacobian at
+            the root.
         raise_on_failure: raise :class:`~diffmech.errors.ConvergenceError` when an element did not
             converge (default). If ``False``, return ``(x, NewtonStatus)`` instead and let the
             caller decide.
@@ -258,7 +267,7 @@ def newton_solve(
                 raise ShapeError(f"newton_solve: {name}[{i}] must be a tensor, got {type(p).__name__}")
     if isinstance(tol, Tensor):
         tol = tol.to(dtype=x0.dtype, device=x0.device)
-    opts = {"tol": tol, "max_iter": int(max_iter), "line_search": bool(line_search)}
+    opts = {"tol": tol, "max_iter": int(max_iter), "line_search": bool(line_search), "chord": bool(chord)}
     needs_graph = torch.is_grad_enabled() and any(p.requires_grad for p in (*params, *adjoint_params))
     if needs_graph:
         x, rn = _ImplicitSolve.apply(residual_fn, jacobian, opts, x0, len(params), *params, *adjoint_params)
@@ -266,7 +275,7 @@ def newton_solve(
         converged = rn <= tol
     else:
         with torch.no_grad():
-            x, _, rn, it, singular = _newton(residual_fn, jacobian, x0, params, tol, max_iter, line_search)
+            x, _, rn, it, singular = _newton(residual_fn, jacobian, x0, params, tol, max_iter, line_search, chord)
         converged = rn <= tol
     status = NewtonStatus(converged=converged, residual_norm=rn.detach(), iterations=it)
     if raise_on_failure:

@@ -223,17 +223,18 @@ class _ForwardDynamics(torch.autograd.Function):
         else:
             qdd, L = _solve_crba(model, q, v, tau, f_ext, passive, mt)
             ctx.inverse = lambda g: torch.cholesky_solve(g[..., None], L)[..., 0]
-        ctx.model, ctx.passive = model, passive
+        ctx.model, ctx.passive, ctx.method, ctx.saved_tau = model, passive, method, tau
         ctx.has_f_ext = f_ext is not None
         ctx.save_for_backward(q, v, qdd, f_ext if f_ext is not None else q.new_empty(0), *mt_fields)
         return qdd
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, g):
         q, v, qdd, f_ext, *mt_fields = ctx.saved_tensors
         f_ext = f_ext if ctx.has_f_ext else None
         needs = ctx.needs_input_grad
+        if torch.is_grad_enabled():
+            return _ForwardDynamics._differentiable_backward(ctx, g, q, v, f_ext, mt_fields)
         lam = ctx.inverse(g.contiguous())
         # Inputs of RNEA that need a cotangent: q, v, f_ext, then the model tensors.
         leaves = [q, v, f_ext, *mt_fields]
@@ -252,6 +253,21 @@ class _ForwardDynamics(torch.autograd.Function):
         g_tau = lam if needs[5] else None
         return (None, None, None, grads[0], grads[1], g_tau, grads[2], *grads[3:])
 
+    @staticmethod
+    def _differentiable_backward(ctx, g, q, v, f_ext, mt_fields):
+        """Backward with ``create_graph=True``: differentiate a re-run of the plain algorithm, so
+        that higher derivatives are exact (slower; only used when a graph of the gradient is asked for)."""
+        tau = ctx.saved_tau
+        qdd = (_aba(ctx.model, q, v, tau, f_ext, ctx.passive, ModelTensors(*mt_fields))[0] if ctx.method == "aba"
+               else _solve_crba(ctx.model, q, v, tau, f_ext, ctx.passive, ModelTensors(*mt_fields))[0])
+        ins = [q, v, tau, f_ext, *mt_fields]
+        wanted = [i for i, t in enumerate(ins) if t is not None and ctx.needs_input_grad[3 + i]]
+        got = torch.autograd.grad(qdd, [ins[i] for i in wanted], g, create_graph=True, allow_unused=True)
+        grads: list[Tensor | None] = [None] * len(ins)
+        for i, gi in zip(wanted, got):
+            grads[i] = gi
+        return (None, None, None, *grads)
+
 
 def forward_dynamics_flat(
     model: RobotModel,
@@ -267,6 +283,8 @@ def forward_dynamics_flat(
     if method not in METHODS:
         raise ShapeError(f"forward_dynamics: unknown method '{method}'; choose from {METHODS}")
     mt = model.model_tensors(q.dtype, q.device)
+    # torch.func transforms need setup_context-style functions; plain autograd gives the same result there.
+    fast_grad = fast_grad and not torch._C._are_functorch_transforms_active()
     if fast_grad and torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, v, tau, f_ext, *mt)
     ):

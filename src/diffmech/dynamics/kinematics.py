@@ -145,7 +145,12 @@ def integrate(model: RobotModel, q: Tensor, v: Tensor, dt: float | Tensor = 1.0)
     qf, vf = flat
     dt = torch.as_tensor(dt, dtype=qf.dtype, device=qf.device)
     if dt.dim() > 0:
-        dt = dt.expand(*batch).reshape(-1, 1)
+        try:
+            dt = dt.expand(*batch).reshape(-1, 1)
+        except RuntimeError:
+            raise ShapeError(
+                f"{model.name}: 'dt' of shape {tuple(dt.shape)} does not broadcast to the batch shape {batch}"
+            ) from None
     dv = vf * dt
     if not model.floating_base:
         return (qf + dv).reshape(*batch, model.nq)

@@ -22,6 +22,8 @@ IEEE Robotics and Automation Letters 7(2), 2022, pp. 2771-2778.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 
@@ -38,6 +40,9 @@ __all__ = [
     "inertial_to_log_cholesky",
     "log_cholesky_to_inertial",
     "is_physically_consistent",
+    "standard_inertial_parameters",
+    "inertial_from_standard_parameters",
+    "inertial_regressor",
 ]
 
 
@@ -252,7 +257,9 @@ def log_cholesky_to_inertial(theta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def inertial_to_log_cholesky(mass: Tensor, com: Tensor, inertia: Tensor) -> Tensor:
-    """Inverse of :func:`log_cholesky_to_inertial`: ``(mass (...), com (..., 3), inertia (..., 3, 3)) -> theta (..., 10)``.
+    """Inverse of :func:`log_cholesky_to_inertial`.
+
+    ``(mass (...), com (..., 3), inertia (..., 3, 3) about the COM) -> theta (..., 10)``.
 
     Raises:
         ModelError: the parameters are not strictly physically consistent (``mass <= 0``, or a
@@ -392,3 +399,98 @@ def make_link_inertial_learnable(robot, link: str, kind: str = "physically_consi
     lp.inertial_source = module
     robot._cache = None
     return module
+
+
+# ---------------------------------------------------------------------------- linear (standard) parameters
+_UPPER = ([0, 0, 0, 1, 1, 2], [0, 1, 2, 1, 2, 2])
+
+
+def standard_inertial_parameters(mass: Tensor, com: Tensor, inertia: Tensor) -> Tensor:
+    """The ten parameters in which the dynamics is linear.
+
+    ``pi = (m, m c_x, m c_y, m c_z, I_xx, I_xy, I_xz, I_yy, I_yz, I_zz)`` with ``I`` the rotational
+    inertia about the *link origin* (parallel-axis theorem), link axes.
+
+    Args:
+        mass: (...) kg.
+        com: (..., 3) centre of mass in the link frame, m.
+        inertia: (..., 3, 3) about the centre of mass, kg m^2.
+
+    Returns:
+        (..., 10) in kg, kg m, kg m^2.
+    """
+    m = mass[..., None, None]
+    eye = torch.eye(3, dtype=com.dtype, device=com.device)
+    I_o = inertia + m * ((com * com).sum(-1)[..., None, None] * eye - com[..., :, None] * com[..., None, :])
+    return torch.cat([mass[..., None], mass[..., None] * com, I_o[..., _UPPER[0], _UPPER[1]]], dim=-1)
+
+
+def inertial_from_standard_parameters(pi: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Inverse of :func:`standard_inertial_parameters` (the mass must be nonzero).
+
+    ``pi (..., 10) -> (mass (...), com (..., 3), inertia (..., 3, 3) about the COM)``.
+    """
+    mass = pi[..., 0]
+    com = pi[..., 1:4] / mass[..., None]
+    I_o = pi[..., [4, 5, 6, 5, 7, 8, 6, 8, 9]].unflatten(-1, (3, 3))
+    eye = torch.eye(3, dtype=pi.dtype, device=pi.device)
+    m = mass[..., None, None]
+    inertia = I_o - m * ((com * com).sum(-1)[..., None, None] * eye - com[..., :, None] * com[..., None, :])
+    return mass, com, inertia
+
+
+class _StandardSource(nn.Module):
+    # Reads its ten parameters from a plain attribute so a functional transform can feed them.
+    def __init__(self, pi: Tensor):
+        super().__init__()
+        self.pi = pi
+
+    def forward(self) -> tuple[Tensor, Tensor, Tensor]:
+        return inertial_from_standard_parameters(self.pi)
+
+
+def inertial_regressor(robot, q: Tensor, v: Tensor, a: Tensor, links: Sequence[str] | None = None) -> Tensor:
+    """Joint-force regressor of the inertial parameters: ``tau = Y pi + tau_rest``.
+
+    The rigid-body joint forces (``inverse_dynamics(..., passive=False)``) are linear in each
+    link's :func:`standard_inertial_parameters`; ``Y`` holds the coefficients, computed exactly by
+    forward-mode differentiation. ``pi`` stacks the ten parameters of each link of ``links`` in
+    order, and ``tau_rest`` is the contribution of the other links. ``Y`` depends on ``q, v, a``
+    and the kinematics only, not on any inertial parameter. The robot is left unchanged (its
+    ``inertial_source`` entries are swapped for the computation and restored).
+
+    Args:
+        robot: a :class:`~diffmech.model.robot.RobotModel`.
+        q: (..., nq), v: (..., nv), a: (..., nv) states and accelerations.
+        links: link names (default: every link that moves, i.e. not rigidly fixed to the world).
+
+    Returns:
+        (..., nv, 10 * len(links)) in the units that make ``Y pi`` N m (or N).
+    """
+    from torch.func import jacfwd
+
+    if links is None:
+        links = [n for n, b in zip(robot.link_names, robot.link_body) if b >= 0]
+    links = list(links)
+    lps = [robot.link_params(n) for n in links]
+    kw = dict(dtype=robot.dtype, device=robot.device)
+    # Y does not depend on pi: any valid point serves (unit mass, unit inertia about the origin).
+    one = torch.tensor([1.0, 0, 0, 0, 1, 0, 0, 1, 0, 1], **kw)
+    pi0 = one.repeat(len(links))
+    sources = [_StandardSource(one) for _ in links]
+    saved = [lp.inertial_source for lp in lps]
+
+    def torques(pi: Tensor) -> Tensor:
+        for k, src in enumerate(sources):
+            src.pi = pi[10 * k: 10 * k + 10]
+        return robot.inverse_dynamics(q, v, a, passive=False)
+
+    try:
+        for lp, src in zip(lps, sources):
+            lp.inertial_source = src
+        robot._cache = None
+        return jacfwd(torques)(pi0)
+    finally:
+        for lp, old in zip(lps, saved):
+            lp.inertial_source = old
+        robot._cache = None

@@ -147,7 +147,10 @@ class RobotModel(nn.Module):
         self._build_topology(spec)
         self.links = nn.ModuleList([LinkParams(spec_l, dtype, device) for spec_l in self._link_specs])
         self.joints = nn.ModuleList([JointParams(spec_j, dtype, device) for spec_j in self._joint_specs])
-        self.register_buffer("gravity", torch.tensor(spec.gravity, dtype=dtype, device=device).reshape(3))
+        gravity = torch.as_tensor(spec.gravity, dtype=dtype, device=device)
+        if gravity.shape != (3,):
+            raise ModelError(f"{spec.source}: gravity must have shape (3,), got {tuple(gravity.shape)}")
+        self.register_buffer("gravity", gravity.clone())
         self._cache: tuple | None = None
 
     # ------------------------------------------------------------------ topology
@@ -191,7 +194,10 @@ class RobotModel(nn.Module):
             children[j.parent].append(j)
         roots = [n for n in names if n not in parent_joint]
         if len(roots) == 0:
-            raise ModelError(f"{src}: no root link (every link has a parent): the joints form a cycle")
+            raise ModelError(
+                f"{src}: no root link (every link has a parent): the joints form a cycle through links "
+                f"{_cycle_from(names[0], parent_joint)}"
+            )
         if len(roots) > 1:
             raise ModelError(f"{src}: the links form {len(roots)} trees, with roots {roots}; expected one root link")
         for link in spec.links:
@@ -208,7 +214,10 @@ class RobotModel(nn.Module):
             stack.extend(j.child for j in reversed(children[name]))
         if len(order) != len(names):
             missing = sorted(set(names) - set(order))
-            raise ModelError(f"{src}: links {missing} are not reachable from root '{roots[0]}': the joints form a cycle")
+            raise ModelError(
+                f"{src}: links {missing} are not reachable from root '{roots[0]}': the joints form a cycle "
+                f"through links {_cycle_from(missing[0], parent_joint)}"
+            )
 
         self._link_specs = [by_name[n] for n in order]
         self.link_names: list[str] = order
@@ -379,6 +388,9 @@ class RobotModel(nn.Module):
         mass = torch.stack([cast(m) for m, _, _ in inertial])
         com = torch.stack([cast(c) for _, c, _ in inertial])
         inertia = torch.stack([cast(i) for _, _, i in inertial])
+        # A raw learnable 3x3 drifts off symmetry under unconstrained updates; ABA assumes symmetry,
+        # so only the symmetric part is physical.
+        inertia = 0.5 * (inertia + inertia.transpose(-1, -2))
         # Mass, first moment and inertia about the body origin: these add up across links
         # without dividing by a (possibly zero) body mass.
         c_b = link_p_t + (link_R_t @ com[..., None])[..., 0]
@@ -631,6 +643,17 @@ class RobotModel(nn.Module):
         from ..dynamics.kinematics import integrate
 
         return integrate(self, q, v, dt)
+
+
+def _cycle_from(start: str, parent_joint: dict[str, JointSpec]) -> str:
+    """Walk parents from ``start`` until a link repeats; describe the loop as ``[links] via joints [...]``."""
+    seen: list[str] = []
+    link = start
+    while link not in seen and link in parent_joint:
+        seen.append(link)
+        link = parent_joint[link].parent
+    loop = seen[seen.index(link):] if link in seen else seen
+    return f"{loop} via joints {[parent_joint[n].name for n in loop]}"
 
 
 def _check_inertia(src: str, link: LinkSpec) -> None:

@@ -17,7 +17,9 @@ Every builder takes the keyword arguments ``dtype``, ``device`` (as for :class:`
 ``gravity``: either a 3-vector in m/s^2 (world frame) or a number ``g`` meaning ``(0, 0, -g)``.
 Each system has a massless root link ``base`` fixed to the world and a massless ``tip`` link
 fixed at the end of its last link (a convenient frame for :meth:`RobotModel.link_pose` and
-:meth:`RobotModel.jacobian`).
+:meth:`RobotModel.jacobian`). Each returned model carries ``robot.actuated_joints``, the joints a
+controller is meant to drive (all of them, except for the cart-pole and the acrobot); the
+dynamics themselves accept a force on every coordinate.
 
 Joint damping and springs are ordinary joint parameters (``robot.joints[k].damping``,
 ``.stiffness``, ``.rest``) and can be made learnable like any other with
@@ -60,6 +62,8 @@ def _gravity(gravity, where: str) -> tuple[float, float, float]:
 def _per_joint(value, n: int, name: str, where: str, *, positive: bool = False,
                nonnegative: bool = False) -> list[float]:
     """Broadcast a scalar or check a sequence of length ``n``; validate the sign."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0:
+        value = float(value)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         vals = [float(value)] * n
     elif isinstance(value, Sequence) or isinstance(value, torch.Tensor):
@@ -168,7 +172,9 @@ def n_link_pendulum(
     if name is None:
         name = "pendulum" if n == 1 else f"{n}_link_pendulum"
     spec = RobotSpec(name, links, joints, source=f"diffmech.model.systems.{where}", gravity=_gravity(gravity, where))
-    return _model(spec, dtype, device)
+    robot = _model(spec, dtype, device)
+    robot.actuated_joints = list(robot.joint_names)
+    return robot
 
 
 def pendulum(

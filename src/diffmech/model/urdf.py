@@ -34,6 +34,33 @@ def _num(value, what: str, src: str) -> float:
         raise URDFError(f"{src}: {what} is not a number: {value!r}") from None
 
 
+_NUMERIC = {
+    "link": {"inertial/mass": ["value"], "inertial/origin": ["xyz", "rpy"],
+             "inertial/inertia": ["ixx", "ixy", "ixz", "iyy", "iyz", "izz"]},
+    "joint": {"origin": ["xyz", "rpy"], "axis": ["xyz"], "limit": ["lower", "upper", "effort", "velocity"],
+              "dynamics": ["damping", "friction"]},
+}
+
+
+def _check_numbers(root, src: str) -> None:
+    """Name the link or joint whose numeric attribute is not a number (yourdfpy would not)."""
+    for kind, paths in _NUMERIC.items():
+        for el in root.findall(kind):
+            name = el.get("name", "?")
+            for path, attrs in paths.items():
+                for sub in el.findall(path):
+                    for attr in attrs:
+                        value = sub.get(attr)
+                        if value is None:
+                            continue
+                        try:
+                            [float(x) for x in value.split()]
+                        except ValueError:
+                            raise URDFError(
+                                f"{src}: {kind} '{name}': <{path.split('/')[-1]} {attr}> is not a number: {value!r}"
+                            ) from None
+
+
 def parse_urdf(path_or_xml: str | os.PathLike) -> RobotSpec:
     """Read a URDF file (or an XML string) into a :class:`RobotSpec`.
 
@@ -49,8 +76,18 @@ def parse_urdf(path_or_xml: str | os.PathLike) -> RobotSpec:
     src = "<urdf string>" if is_xml else text
     if not is_xml and not os.path.isfile(text):
         raise URDFError(f"{src}: no such URDF file")
+    raw = text.encode() if is_xml else open(text, "rb").read()
     try:
-        data = io.BytesIO(text.encode()) if is_xml else text
+        # yourdfpy falls back to lxml's recover mode on syntax errors, silently repairing broken files,
+        # so the document is checked with a strict parser first.
+        root = etree.fromstring(raw, etree.XMLParser(recover=False, remove_comments=True))
+    except etree.XMLSyntaxError as e:
+        raise URDFError(f"{src}: malformed XML: {e}") from None
+    if root.tag != "robot":
+        raise URDFError(f"{src}: the root element is <{root.tag}>, expected <robot>")
+    _check_numbers(root, src)
+    try:
+        data = io.BytesIO(raw)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             urdf = yourdfpy.URDF.load(
