@@ -18,9 +18,9 @@ import os
 
 import pytest
 import torch
-from conftest import get_robot, random_state
 from torch import nn
 
+from conftest import get_robot, random_state
 from diffmech.errors import ModelError
 from diffmech.model.params import (
     IndependentInertial,
@@ -37,6 +37,10 @@ from diffmech.model.params import (
     pseudo_inertia,
     standard_inertial_parameters,
 )
+
+# torch.func's forward-mode transforms (used by inertial_regressor) trip torch's own deprecated
+# torch.jit.script internally.
+pytestmark = pytest.mark.filterwarnings("ignore:.*torch.jit.script.*:DeprecationWarning")
 
 F64 = torch.float64
 IIWA_MOVING = [f"iiwa_link_{i}" for i in range(1, 8)]
@@ -229,6 +233,20 @@ def test_make_link_inertial_learnable_keeps_the_model(kind):
     assert ("links.3.inertial_source.theta" in names) == (kind == "physically_consistent")
     assert len([n for n in names if ".inertial_source." in n]) >= len(IIWA_MOVING)
     _close(_tau(robot), tau0)
+
+
+def test_install_on_float32_robot_and_supersede_single_parameters():
+    robot = _iiwa()
+    q, v, a, _ = random_state(robot, (4,), seed=0)
+    tau0 = robot.inverse_dynamics(q, v, a, passive=False).float()
+    robot.make_link_param_learnable("iiwa_link_3", "mass", PositiveScalar())
+    robot.to(torch.float32)
+    src = make_link_inertial_learnable(robot, "iiwa_link_3")
+    assert src.theta.dtype == torch.float32
+    # the link's own (now unused) learnable mass is frozen so optimisers do not carry it along
+    assert not robot.link_params("iiwa_link_3").parametrizations.mass.original.requires_grad
+    tau32 = robot.inverse_dynamics(q.float(), v.float(), a.float(), passive=False)
+    torch.testing.assert_close(tau32, tau0, rtol=1e-4, atol=1e-4)
 
 
 def test_make_link_inertial_learnable_errors_name_the_link():

@@ -316,11 +316,12 @@ class PhysicallyConsistentInertial(nn.Module):
         # A badly conditioned inertia (nearly violating the triangle inequality) would not survive
         # the round trip; fail now rather than silently change the model.
         m2, c2, I2 = log_cholesky_to_inertial(theta)
+        tol = torch.finfo(theta.dtype).eps ** 0.5
         scale = float(inertia.abs().max()) + float(mass) * float(com.square().sum())
         if (
-            abs(float(m2 - mass)) > 1e-9 * float(mass)
-            or float((c2 - com).abs().max()) > 1e-9 * (1.0 + float(com.abs().max()))
-            or float((I2 - inertia).abs().max()) > 1e-8 * max(scale, 1e-30)
+            abs(float(m2 - mass)) > tol * float(mass)
+            or float((c2 - com).abs().max()) > tol * (1.0 + float(com.abs().max()))
+            or float((I2 - inertia).abs().max()) > tol * max(scale, 1e-30)
         ):
             raise ModelError(
                 "PhysicallyConsistentInertial: the link's inertial parameters do not survive the "

@@ -128,6 +128,7 @@ class RobotModel(nn.Module):
             when ``floating_base``).
         nq, nv: sizes of ``q`` and ``v``.
         floating_base: whether the root link is attached to the world by a free joint.
+        actuated_joints: the joints with actuators (default: all of ``joint_names``).
     """
 
     def __init__(
@@ -152,6 +153,9 @@ class RobotModel(nn.Module):
             raise ModelError(f"{spec.source}: gravity must have shape (3,), got {tuple(gravity.shape)}")
         self.register_buffer("gravity", gravity.clone())
         self._cache: tuple | None = None
+        #: Joints driven by actuators (all moving joints unless a builder says otherwise, e.g. the
+        #: cartpole's slider); controllers and environments read it, the dynamics do not.
+        self.actuated_joints: list[str] = list(self.joint_names)
 
     # ------------------------------------------------------------------ topology
     def _build_topology(self, spec: RobotSpec) -> None:

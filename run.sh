@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Set up .venv (on first use, or when pyproject.toml / constraints.txt changed) and run a task.
+#   ./run.sh demo [diffmech demo options]   e.g. ./run.sh demo --out results/demo
+#   ./run.sh test [pytest options]          the test suite (python -m pytest -q)
+#   ./run.sh setup                          only create / update .venv
+# PYTHON selects the interpreter that creates the venv (default: python3, needs >= 3.10).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+
+VENV=.venv
+PY="$VENV/bin/python"
+STAMP="$VENV/.diffmech-install-stamp"
+# torch first, exact version: a wheel of it is on this machine's disk; letting the resolver pick
+# torch from a range would download a multi-GB CUDA build instead.
+TORCH_PIN="torch==2.13.0"
+
+setup() {
+    if [ ! -x "$PY" ]; then
+        "${PYTHON:-python3}" -c 'import sys; assert sys.version_info >= (3, 10), "diffmech needs Python >= 3.10"'
+        echo "run.sh: creating $VENV" >&2
+        "${PYTHON:-python3}" -m venv "$VENV"
+    fi
+    local key
+    key="$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1) $TORCH_PIN"
+    if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$key" ]; then
+        return 0
+    fi
+    echo "run.sh: installing dependencies into $VENV (first run takes a few minutes)" >&2
+    "$PY" -m pip install --disable-pip-version-check -q "$TORCH_PIN"
+    "$PY" -m pip install --disable-pip-version-check -q -c constraints.txt -e ".[test]"
+    echo "$key" > "$STAMP"
+}
+
+cmd="${1:-}"
+[ $# -gt 0 ] && shift
+case "$cmd" in
+    setup) setup ;;
+    demo) setup; exec "$PY" -m diffmech demo "$@" ;;
+    test) setup; exec "$PY" -m pytest -q "$@" ;;
+    *)
+        echo "usage: ./run.sh {demo|test|setup} [args...]" >&2
+        exit 2
+        ;;
+esac
