@@ -478,6 +478,11 @@ class RobotModel(nn.Module):
                 initial value from the current one.
         """
         module, name = self._param_owner(link, name)
+        if name in _LINK_PARAMS and getattr(module, "inertial_source", None) is not None:
+            raise ModelError(
+                f"{self.name}: the inertial parameters of link '{link}' are already learnable jointly "
+                f"({type(module.inertial_source).__name__}); '{name}' is not read separately"
+            )
         if parametrize.is_parametrized(module, name):
             parametrize.remove_parametrizations(module, name, leave_parametrized=True)
         value = getattr(module, name).detach().clone()
@@ -491,9 +496,16 @@ class RobotModel(nn.Module):
         self._cache = None
 
     def freeze_link_param(self, link: str, name: str) -> None:
-        """Stop training a parameter made learnable by :meth:`make_link_param_learnable`."""
+        """Stop training a parameter made learnable by :meth:`make_link_param_learnable`.
+
+        For a link whose inertial parameters are learnable jointly (``inertial_source``), freezing
+        ``mass``, ``com`` or ``inertia`` freezes all ten of them.
+        """
         module, name = self._param_owner(link, name)
-        if parametrize.is_parametrized(module, name):
+        source = getattr(module, "inertial_source", None) if name in _LINK_PARAMS else None
+        if source is not None:
+            source.requires_grad_(False)
+        elif parametrize.is_parametrized(module, name):
             for p in module.parametrizations[name].parameters():
                 p.requires_grad_(False)
         elif name in module._parameters:
@@ -573,6 +585,11 @@ class RobotModel(nn.Module):
         return f"name={self.name!r}, links={self.n_links}, nq={self.nq}, nv={self.nv}, floating_base={self.floating_base}"
 
     # ------------------------------------------------------------------ algorithms as methods
+    def forward(self, q: Tensor, v: Tensor, tau: Tensor, **kwargs) -> Tensor:
+        """``robot(q, v, tau)`` is :meth:`forward_dynamics`, so ``torch.func.functional_call`` and
+        ensembles work on the model directly."""
+        return self.forward_dynamics(q, v, tau, **kwargs)
+
     # Imported lazily: the algorithms read the model, the model does not import them at load time.
     def forward_kinematics(self, q: Tensor) -> Tensor:
         """World poses of all links ``(..., n_links, 4, 4)`` in :attr:`link_names` order."""
