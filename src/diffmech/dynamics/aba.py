@@ -35,7 +35,7 @@ METHODS = ("aba", "crba")
 class _Level(NamedTuple):
     idx: list[int]  # bodies at this depth
     par: list[int]  # their parents
-    dofs: Tensor | slice  # their DoF indices
+    dofs: list[int] | slice  # their DoF indices
     U: Tensor  # (k, 6, B) IA S
     D: Tensor  # (k, B) S^T IA S
     Ud: Tensor  # (k, 6, B) U / D
@@ -69,17 +69,15 @@ def _aba(model: RobotModel, q: Tensor, v: Tensor, tau: Tensor, f_ext, passive: b
     IA = list(inertia.matrix().unbind(0))
     pA = list(pA_all.unbind(0))
     off = model._nfree
-    dof0 = 5 * off  # DoF of one-DoF body b is b + dof0
     levels: list[_Level] = []
-    for idx, par in reversed(model._levels):
+    for (idx, par), level_dofs in zip(reversed(model._levels), reversed(model._level_dofs)):
         if off and idx == [0]:
             continue
         if len(idx) == 1:
-            d = idx[0] + dof0
-            dofs: Tensor | slice = slice(d, d + 1)
+            dofs: list[int] | slice = slice(level_dofs[0], level_dofs[0] + 1)
             Il, pl = IA[idx[0]][None], pA[idx[0]][None]
         else:
-            dofs = torch.tensor([b + dof0 for b in idx], device=q.device)
+            dofs = level_dofs
             Il, pl = torch.stack([IA[b] for b in idx]), torch.stack([pA[b] for b in idx])
         Sl, cl, tl = S[dofs], c[dofs], tauT[dofs]
         U = mv(Il, Sl)
@@ -97,8 +95,7 @@ def _aba(model: RobotModel, q: Tensor, v: Tensor, tau: Tensor, f_ext, passive: b
     B = q.shape[0]
     a_world = gravity_acceleration(mt).expand(6, B)
     A: list[Tensor] = [None] * model.nb  # type: ignore[list-item]
-    qdd = torch.empty_like(tauT) if not torch.is_grad_enabled() else None
-    pieces: list[tuple[Tensor | slice, Tensor]] = []
+    pieces: list[Tensor] = []
     root = None
     if off:
         S0 = S[:6].transpose(0, 1)  # (6 components, 6 dofs, B)
@@ -107,7 +104,7 @@ def _aba(model: RobotModel, q: Tensor, v: Tensor, tau: Tensor, f_ext, passive: b
         rhs = tauT[:6] - mv(S[:6], pA[0]) - mv(U0.transpose(0, 1), a_world)
         q0 = _solve6(D0, rhs)
         A[0] = a_world + mv(S0, q0)
-        pieces.append((slice(0, 6), q0))
+        pieces.append(q0)
         root = (S0, U0, D0)
     for lv in reversed(levels):
         ap = _parent_accel(A, lv.par, a_world)
@@ -115,32 +112,15 @@ def _aba(model: RobotModel, q: Tensor, v: Tensor, tau: Tensor, f_ext, passive: b
         Al = ap + lv.c + lv.S * ql[:, None]
         for k, b in enumerate(lv.idx):
             A[b] = Al[k]
-        pieces.append((lv.dofs, ql))
-    return _assemble(pieces, tauT, qdd), _Factors(levels, root)
+        pieces.append(ql)
+    qdd = torch.cat(pieces, 0)[model._aba_gather]  # (nv, B) in DoF order
+    return qdd.transpose(0, 1), _Factors(levels, root)
 
 
 def _parent_accel(A: list[Tensor], par: list[int], a_world: Tensor) -> Tensor:
     if len(par) == 1:
         return (A[par[0]] if par[0] >= 0 else a_world)[None]
     return torch.stack([A[p] if p >= 0 else a_world for p in par])
-
-
-def _assemble(pieces, like: Tensor, out: Tensor | None) -> Tensor:
-    """Place per-level results ``(k, B)`` at their DoF rows; returns ``(B, nv)``."""
-    if out is not None:
-        for dofs, val in pieces:
-            out[dofs] = val
-        return out.transpose(0, 1)
-    order = []
-    for dofs, val in pieces:
-        if isinstance(dofs, slice):
-            order.extend(range(dofs.start, dofs.stop))
-        else:
-            order.extend(dofs.tolist())
-    stacked = torch.cat([val for _, val in pieces], 0)
-    inv = torch.empty(len(order), dtype=torch.long)
-    inv[torch.tensor(order)] = torch.arange(len(order))
-    return stacked[inv.to(stacked.device)].transpose(0, 1)
 
 
 def _solve6(D0: Tensor, rhs: Tensor) -> Tensor:

@@ -22,8 +22,8 @@ def link_placements(model: RobotModel, ts: TreeState) -> tuple[Tensor, Tensor]:
     lb = torch.tensor(model.link_body, device=ts.R.device)
     R_b = ts.R.permute(3, 0, 1, 2)[:, lb.clamp_min(0)]  # (B, nl, 3, 3)
     p_b = ts.p.permute(2, 0, 1)[:, lb.clamp_min(0)]
-    world = lb < 0
-    if bool(world.any()):  # links fixed to the world keep their offset as their world placement
+    if model._world_links:  # links fixed to the world keep their offset as their world placement
+        world = lb < 0
         eye = torch.eye(3, dtype=ts.R.dtype, device=ts.R.device)
         R_b = torch.where(world[:, None, None], eye, R_b)
         p_b = torch.where(world[:, None], torch.zeros_like(p_b), p_b)

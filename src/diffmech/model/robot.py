@@ -304,6 +304,16 @@ class RobotModel(nn.Module):
         self.register_buffer("_dof_body", torch.tensor(dof_body, dtype=torch.long), persistent=False)
         self.register_buffer("_crba_scatter", scatter, persistent=False)
         self._body_anc = A
+        # ABA processes one depth at a time; DoF of one-DoF body b is b + 5 * nfree.
+        dof0 = 5 * nfree
+        self._level_dofs = [[b + dof0 for b in idx] for idx, _ in self._levels]
+        # ABA yields accelerations root first, then level by level; `_aba_gather` puts them in DoF order.
+        order = list(range(6 * nfree))
+        for idx, _ in self._levels:
+            if not (nfree and idx == [0]):
+                order.extend(b + dof0 for b in idx)
+        self._aba_gather = [order.index(d) for d in range(self.nv)]
+        self._world_links = [i for i, b in enumerate(link_body) if b < 0]
         self._q_joint_start = 7 * nfree
         self._v_joint_start = 6 * nfree
 
@@ -324,19 +334,25 @@ class RobotModel(nn.Module):
         )
 
     # ------------------------------------------------------------------ parameters
-    def _source_tensors(self) -> list[Tensor]:
-        out = [self.gravity]
-        for m in (*self.links, *self.joints):
-            out.extend(m._buffers.values())
-            out.extend(m._parameters.values())
-        return [t for t in out if t is not None]
+    def _cache_key(self, dtype, device) -> tuple | None:
+        """Identity and version of every parameter tensor, or ``None`` when results must not be
+        cached (a parametrization, an inertial source, or a tensor that requires grad)."""
+        key = [dtype, device, id(self.gravity), self.gravity._version]
+        for m in (*self.links._modules.values(), *self.joints._modules.values()):
+            d = m.__dict__
+            if d["_modules"]:  # parametrize or an inertial source installed a submodule
+                return None
+            for t in d["_buffers"].values():
+                key.append(id(t))
+                key.append(t._version)
+            for t in d["_parameters"].values():
+                if t.requires_grad:
+                    return None
+                key.append(id(t))
+                key.append(t._version)
+        return tuple(key)
 
-    def _cacheable(self) -> bool:
-        for m in (*self.links, *self.joints):
-            if parametrize.is_parametrized(m) or getattr(m, "inertial_source", None) is not None:
-                return False
-        return not any(t.requires_grad for t in self._source_tensors())
-
+    @torch.compiler.disable
     def model_tensors(self, dtype: torch.dtype | None = None, device=None) -> ModelTensors:
         """Constants of the algorithms derived from the current parameters, differentiably.
 
@@ -344,11 +360,9 @@ class RobotModel(nn.Module):
         """
         dtype = dtype or self.gravity.dtype
         device = torch.device(device) if device is not None else self.gravity.device
-        key = None
-        if self._cacheable():
-            key = (dtype, device, tuple((id(t), t._version) for t in self._source_tensors()))
-            if self._cache is not None and self._cache[0] == key:
-                return self._cache[1]
+        key = None if self.gravity.requires_grad else self._cache_key(dtype, device)
+        if key is not None and self._cache is not None and self._cache[0] == key:
+            return self._cache[1]
         mt = self._compute_tensors(dtype, device)
         if key is not None:
             self._cache = (key, mt)
@@ -400,11 +414,12 @@ class RobotModel(nn.Module):
         c_b = link_p_t + (link_R_t @ com[..., None])[..., 0]
         I_c = link_R_t @ inertia @ link_R_t.transpose(-1, -2)
         I_o = I_c + mass[:, None, None] * ((c_b * c_b).sum(-1)[:, None, None] * eye - c_b[:, :, None] * c_b[:, None, :])
-        lb = torch.tensor(self.link_body, device=device)
-        keep = lb >= 0
-        body_mass = torch.zeros(self.nb, **kw).index_add(0, lb[keep], mass[keep])
-        body_h = torch.zeros(self.nb, 3, **kw).index_add(0, lb[keep], (mass[:, None] * c_b)[keep])
-        body_I = torch.zeros(self.nb, 3, 3, **kw).index_add(0, lb[keep], I_o[keep])
+        keep = [i for i, b in enumerate(self.link_body) if b >= 0]
+        body = torch.tensor([self.link_body[i] for i in keep], dtype=torch.long, device=device)
+        keep_t = torch.tensor(keep, dtype=torch.long, device=device)
+        body_mass = torch.zeros(self.nb, **kw).index_add(0, body, mass[keep_t])
+        body_h = torch.zeros(self.nb, 3, **kw).index_add(0, body, (mass[:, None] * c_b)[keep_t])
+        body_I = torch.zeros(self.nb, 3, 3, **kw).index_add(0, body, I_o[keep_t])
 
         axes = cast(self._axes)
         pris = torch.tensor(self._is_prismatic, **kw)[:, None] if self.nj else torch.zeros(0, 1, **kw)
