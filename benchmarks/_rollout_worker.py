@@ -120,9 +120,10 @@ def _diffmech_runner(robot, method: str, k: int, dt: float):
 def _drm_runner(path: str, dt: float):
     import logging
 
-    sys.path.insert(0, HERE)
-    from _peers import drm_float64  # noqa: E402  (the float64 switch shared with bench_dynamics)
     from differentiable_robot_model import DifferentiableRobotModel
+
+    sys.path.insert(0, HERE)
+    from _peers import drm_float64  # the float64 switch shared with bench_dynamics
 
     logging.getLogger("urdf_parser_py").setLevel(logging.ERROR)
     with warnings.catch_warnings(), drm_float64(True, building=True):

@@ -58,6 +58,8 @@ CONFIGS_FULL = [
 ]
 CONFIGS_QUICK = [("iiwa", 1, ("checkpoint", "autograd", "drm"))]
 K_FULL, K_T_FULL = (1, 10, 100), 2000
+# One-thread reruns of a few cells: at batch 1 the ops are tiny and a second thread mostly waits.
+THREAD_CELLS = [("iiwa", 1, 2000), ("laikago", 10, 500)]
 K_QUICK, K_T_QUICK = (1, 10), 100
 T_TARGET = 2000  # the targets are stated at 2000 steps
 
@@ -265,8 +267,22 @@ def machine() -> dict:
                                 cwd=ROOT, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
+    import hashlib
+
+    # The tree may be ahead of the commit: fingerprint the files that decide these timings.
+    files = ["src/diffmech/sim/rollout.py", "src/diffmech/sim/integrators.py", "src/diffmech/dynamics/aba.py",
+             "src/diffmech/dynamics/rnea.py", "src/diffmech/dynamics/crba.py", "src/diffmech/model/robot.py"]
+    code = {}
+    for f in files:
+        try:
+            with open(os.path.join(ROOT, f), "rb") as fh:
+                code[f] = hashlib.sha1(fh.read()).hexdigest()[:12]
+        except OSError:
+            code[f] = "missing"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", *files], capture_output=True, text=True,
+                           cwd=ROOT, timeout=10).stdout.strip() != ""
     return {"cpu": model, "cores": os.cpu_count(), "torch": torch.__version__, "threads": THREADS,
-            "python": platform.python_version(), "commit": commit,
+            "python": platform.python_version(), "commit": commit + ("+dirty" if dirty else ""), "code_sha1": code,
             "date": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
@@ -286,6 +302,23 @@ def _cell_text(r: dict | None, what: str) -> str:
     raise ValueError(what)
 
 
+def thread_table(results: list[dict], tcells: list[dict]) -> str:
+    lines = ["**Threads (diffmech checkpoint): 2 threads vs 1 thread, ms/step (wall; CPU)**", "",
+             "| robot | T | fwd, 2 threads | bwd, 2 threads | fwd, 1 thread | bwd, 1 thread |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r1 in tcells:
+        r2 = find(results, robot=r1["robot"], batch=r1["batch"], method="checkpoint", T=r1["T"], k=1)
+        cols = []
+        for r in (r2, r1):
+            if ok(r):
+                cols += [f"{1e3 * r[f'{p}_s'] / r['T']:.2f}; {1e3 * r[f'{p}_cpu_s'] / r['T']:.2f}"
+                         for p in ("forward", "backward")]
+            else:
+                cols += ["n/a", "n/a"]
+        lines.append(f"| {r1['robot']} x{r1['batch']} | {r1['T']} | " + " | ".join(cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def tables(results: list[dict], kres: list[dict], configs, Ts) -> str:
     lines = []
     titles = {"mem": "Table 1: peak resident-memory growth (MiB)", "fwd": "Table 2: forward time per step (ms)",
@@ -301,7 +334,8 @@ def tables(results: list[dict], kres: list[dict], configs, Ts) -> str:
     if kres:
         T_k = kres[0]["T"]
         lines += [f"**Checkpoint interval k (iiwa x1, T={T_k})**", "",
-                  "| k | peak growth (MiB) | saved states (KiB) | forward ms/step | backward ms/step | recomputed steps |",
+                  "| k | peak growth (MiB) | saved states (KiB) | forward ms/step | backward ms/step "
+                  "| recomputed steps |",
                   "|---:|---:|---:|---:|---:|---:|"]
         for r in kres:
             if ok(r):
@@ -325,7 +359,7 @@ def markdown(report: dict, configs, Ts) -> str:
     m = report["machine"]
     skipped = sorted({r["skipped"] for r in report["cells"] if "skipped" in r})
     failed = sorted({f"{r['robot']} x{r['batch']} {r['method']} T={r['T']}: {r['error']}"
-                     for r in report["cells"] + report["k_cells"] if "error" in r})
+                     for r in report["cells"] + report["k_cells"] + report["thread_cells"] if "error" in r})
     lines = [
         MARK_START,
         "## Differentiable simulation (rollout gradients)",
@@ -347,16 +381,25 @@ def markdown(report: dict, configs, Ts) -> str:
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, `torch.set_num_threads({m['threads']})`, "
         f"Python {m['python']}, commit {m['commit'] or '?'}, {m['date']}. Load average during the run: "
-        f"{report['load_before'][0]:.1f} -> {report['load_after'][0]:.1f}.",
+        f"{report['load_before'][0]:.1f} -> {report['load_after'][0]:.1f}."
+        + (" **The simulation/dynamics sources changed during this run: cells mix code versions.**"
+           if report.get("code_changed_during_run") else ""),
         "",
         "> Measured while other jobs loaded the 2 cores (wall times are inflated and noisy; the CPU-time "
-        "columns in `benchmarks/results/bench_rollout.json` are less affected). The lead will re-run on a quiet "
+        "columns in `benchmarks/results/bench_rollout.json` are less affected), and while the rollout code was "
+        "still changing (the JSON fingerprints the files each run used). The lead will re-run on a quiet "
         "machine.",
+        "",
+        "Two threads on tiny operations: at one robot per batch every operation works on a few 3-vectors and "
+        "7x7 matrices; an operation that PyTorch parallelises then waits for the second thread, and on a loaded "
+        "machine that wait can cost milliseconds. The *Threads* table reruns a few checkpoint cells with "
+        "`torch.set_num_threads(1)` to show how much of the time is that wait.",
         "",
         f"Command: `{report['command']}` (`--quick` for the smoke test). Raw data: "
         "`benchmarks/results/bench_rollout.json`.",
         "",
         tables(report["cells"], report["k_cells"], configs, Ts),
+        thread_table(report["cells"], report["thread_cells"]) if report["thread_cells"] else "",
         "**Targets**",
         "",
         target_table(report["targets"]),
@@ -391,27 +434,36 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--mem-cap-gb", type=float, default=8.0, help="skip cells predicted above this, GiB")
     ap.add_argument("--json", default=None, help="results file (default benchmarks/results/bench_rollout[_quick].json)")
     ap.add_argument("--markdown", default=None,
-                    help="markdown file to update (default BENCHMARKS.md in full mode, none with --quick); 'none' skips")
+                    help="markdown file to update (default BENCHMARKS.md; none with --quick); 'none' skips")
+    ap.add_argument("--T", type=int, nargs="+", default=None,
+                    help="override the step counts (the k study and thread cells then use at most max(T))")
     args = ap.parse_args(argv)
 
-    Ts = T_QUICK if args.quick else T_FULL
+    Ts = tuple(args.T) if args.T else (T_QUICK if args.quick else T_FULL)
     configs = CONFIGS_QUICK if args.quick else CONFIGS_FULL
     Ks, T_k = (K_QUICK, K_T_QUICK) if args.quick else (K_FULL, K_T_FULL)
+    T_k = min(T_k, max(Ts))
     json_path = args.json or os.path.join(HERE, "results", "bench_rollout_quick.json" if args.quick
                                           else "bench_rollout.json")
-    md_path = args.markdown if args.markdown is not None else ("none" if args.quick else os.path.join(ROOT, "BENCHMARKS.md"))
+    md_path = args.markdown
+    if md_path is None:
+        md_path = "none" if args.quick else os.path.join(ROOT, "BENCHMARKS.md")
     mem_cap = args.mem_cap_gb * 2**30
     t_start = time.perf_counter()
     load_before = os.getloadavg()
+    code_before = machine()["code_sha1"]
 
     def log(r):
-        head = f"{r['robot']:8s} x{r['batch']:<2d} {LABEL[r['method']]:20s} T={r['T']:<5d} k={r.get('k', 1):<3d}"
+        head = (f"{r['robot']:8s} x{r['batch']:<2d} {LABEL[r['method']]:20s} T={r['T']:<5d} k={r.get('k', 1):<3d} "
+                f"threads={r.get('threads', THREADS)}")
         if ok(r):
-            print(f"{head} mem {max(r['peak_growth_bytes'], 0) / MiB:9.2f} MiB  fwd {1e3 * r['forward_s'] / r['T']:7.2f} "
-                  f"ms/step  bwd {1e3 * r['backward_s'] / r['T']:7.2f} ms/step", flush=True)
+            print(f"{head} mem {max(r['peak_growth_bytes'], 0) / MiB:9.2f} MiB  "
+                  f"fwd {1e3 * r['forward_s'] / r['T']:7.2f} ms/step  "
+                  f"bwd {1e3 * r['backward_s'] / r['T']:7.2f} ms/step", flush=True)
         else:
             print(f"{head} {r.get('skipped') or 'FAILED: ' + r['error']}", flush=True)
 
+    tcells: list[dict] = []
     if args.quick:
         # One process for every cell: the interpreter and torch start once (the smoke test's budget).
         cells = [{"method": m, "robot": robot, "batch": b, "T": T, "k": 1, "threads": THREADS}
@@ -436,23 +488,35 @@ def main(argv: list[str] | None = None) -> dict:
                                  "threads": THREADS}], timeout=max(6 * args.budget, 120))[0]
                 log(r)
             kres.append(r)
+        for robot, b, T in THREAD_CELLS:
+            T = max([t for t in Ts if t <= T] or [min(Ts)])
+            r = run_worker([{"method": "checkpoint", "robot": robot, "batch": b, "T": T, "k": 1, "threads": 1}],
+                           timeout=max(6 * args.budget, 120))[0]
+            log(r)
+            tcells.append(r)
 
     cmd = "python benchmarks/bench_rollout.py" + (" --quick" if args.quick else "")
     if not args.quick and args.budget != 300.0:
         cmd += f" --budget {args.budget:g}"
+    if args.T:
+        cmd += " --T " + " ".join(map(str, args.T))
+    mach = machine()
     report = {
-        "machine": machine(), "command": cmd, "quick": args.quick, "budget_s": args.budget,
+        "machine": mach, "code_changed_during_run": mach["code_sha1"] != code_before, "command": cmd,
+        "quick": args.quick, "budget_s": args.budget,
         "mem_cap_gib": args.mem_cap_gb, "dt": 1e-3, "integrator": "semi_implicit_euler", "dtype": "float64",
         "load_before": load_before, "load_after": os.getloadavg(), "wall_s": time.perf_counter() - t_start,
-        "consistency": consistency(results + [r for r in kres if r is not None]),
-        "cells": results, "k_cells": [r for r in kres if r is not None],
+        "consistency": consistency(results + [r for r in kres if r is not None] + tcells),
+        "cells": results, "k_cells": [r for r in kres if r is not None], "thread_cells": tcells,
     }
-    T_t = T_TARGET if not args.quick else max(Ts)
+    T_t = T_TARGET if T_TARGET in Ts else max(Ts)
     report["targets"] = targets(results, report["k_cells"], T_t)
     report["target_T"] = T_t
 
     print()
     print(tables(results, report["k_cells"], configs, Ts))
+    if tcells:
+        print(thread_table(results, tcells))
     print(f"Targets at T={T_t}" + (" (quick mode: the issue states them at T=2000)" if args.quick else ""))
     print(target_table(report["targets"]))
     print(f"\nmethods agree to {report['consistency']:.1e}; total {report['wall_s']:.0f} s")

@@ -217,7 +217,7 @@ def plot(path: str, history: list[float], table: list[dict]) -> None:
                       fontsize=8)
     b.set_ylabel("|relative error| (%)")
     b.set_title("parameter errors (* poorly, + weakly identifiable)")
-    b.legend()
+    b.legend(loc="lower left", ncol=2, fontsize=8, framealpha=0.9)
     b.grid(True, axis="y", which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -29,7 +29,7 @@ really costs here (CMA-ES benefits from batching its population).
 Outputs in ``--out`` (default ``results/throw_trajopt``): ``results.json`` and
 ``throw_trajopt.png`` (loss vs iterations, vs simulated steps and vs wall-clock time). Run::
 
-    python examples/throw_trajopt.py                    # ~2 min on 2 cores
+    python examples/throw_trajopt.py                    # a few minutes on 2 cores
     python examples/throw_trajopt.py --budget 100000 --seed 1
 """
 
@@ -66,7 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=100, help="T, steps per rollout (default 100)")
     ap.add_argument("--dt", type=float, default=5e-3, help="step, s (default 5e-3: T dt = 0.5 s)")
     ap.add_argument("--knots", type=int, default=6, help="torque knots per joint (default 6)")
-    ap.add_argument("--lr", type=float, default=0.1, help="Adam learning rate (default 0.1)")
+    ap.add_argument("--lr", type=float, default=0.05, help="Adam learning rate (default 0.05)")
     ap.add_argument("--sigma", type=float, default=0.5, help="CMA-ES initial step size (default 0.5)")
     ap.add_argument("--popsize", type=int, default=None, help="CMA-ES population (default 4 + 3 ln n)")
     ap.add_argument("--threads", type=int, default=2)

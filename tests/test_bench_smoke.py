@@ -108,3 +108,16 @@ def test_markdown_section_appended_when_missing(tmp_path):
     text = p.read_text()
     assert text.startswith("# Benchmarks\n\n## Something else\n")
     assert text.count(mod.SECTION_TITLE) == 1 and "\nY\n" in text and "\nX\n" not in text
+
+
+def test_from_json_rerenders_without_measuring(quick_run, tmp_path):
+    result, _, _ = quick_run
+    src = tmp_path / "r.json"
+    src.write_text(json.dumps(result))
+    md = tmp_path / "B.md"
+    mod = _load_script()
+    again = mod.main(["--from-json", str(src), "--markdown", str(md)])
+    assert again == result
+    text = md.read_text()
+    assert text.startswith("# Benchmarks") and "#### iiwa, float64" in text
+    assert result["meta"]["command"] in text

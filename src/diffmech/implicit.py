@@ -77,8 +77,15 @@ def _where_batch(mask: Tensor, a: Tensor, b: Tensor) -> Tensor:
     return torch.where(mask[..., None], a, b)
 
 
-def _newton(fn, jacobian, x0, params, tol, max_iter, line_search, chord=False):
-    """Newton iterations without a graph. Returns ``(x, r, residual_norm, iterations, singular)``."""
+def _newton(fn, jacobian, x0, params, tol, max_iter, line_search, update="newton", approx_jacobian=None):
+    """Newton iterations without a graph. Returns ``(x, r, residual_norm, iterations, singular)``.
+
+    ``jacobian`` is the exact Jacobian (None: forward-mode AD); ``approx_jacobian`` an optional
+    cheaper stand-in used first. ``update`` is ``"newton"`` (a new matrix every iteration),
+    ``"chord"`` (the first one throughout) or ``"broyden"`` (the first one, then Broyden's
+    rank-one secant updates). When an iteration of a cheap variant fails to halve the residual,
+    the next one starts over from the exact Jacobian at the current point.
+    """
     x = x0.detach().clone()
     r = fn(x, *params)
     if r.shape != x.shape:
@@ -88,14 +95,15 @@ def _newton(fn, jacobian, x0, params, tol, max_iter, line_search, chord=False):
         )
     rn = _inf_norm(r)
     singular = torch.zeros_like(rn, dtype=torch.bool)
-    lu = None
+    J = None
+    exact = approx_jacobian is None
     it = 0
     while it < max_iter:
         done = rn <= tol
         if bool(done.all()) or not bool(torch.isfinite(rn).all()):
             break
-        if lu is None or not chord:
-            J = _jac(fn, jacobian, x, params)
+        if J is None or update == "newton":
+            J = _jac(fn, jacobian if exact else approx_jacobian, x, params)
             lu, piv, info = torch.linalg.lu_factor_ex(J)
             singular = singular | (info != 0)
         dx = torch.linalg.lu_solve(lu, piv, -r[..., None])[..., 0]
@@ -123,6 +131,17 @@ def _newton(fn, jacobian, x0, params, tol, max_iter, line_search, chord=False):
                 r_new = _where_batch(better, r_try, r_new)
                 rn_new = torch.where(better, rn_try, rn_new)
                 bad = bad & ~(rn_try <= (1 - _ARMIJO * alpha) * rn)
+        slow = ~(rn_new <= 0.5 * rn) & ~(rn_new <= tol)
+        if (update != "newton" or not exact) and bool(slow.any()):
+            exact, J = True, None  # the cheap matrix is not good enough here: refresh exactly
+        elif update == "broyden":
+            # Smallest change of J that meets the secant condition J (x_new - x) = r_new - r.
+            s_ = x_new - x
+            ss = (s_ * s_).sum(-1)
+            upd = (r_new - r - (J @ s_[..., None])[..., 0]) / torch.where(ss > 0, ss, torch.ones_like(ss))[..., None]
+            J = J + upd[..., :, None] * s_[..., None, :]
+            lu, piv, info = torch.linalg.lu_factor_ex(J)
+            singular = singular | (info != 0)
         x, r, rn = x_new, r_new, rn_new
         it += 1
     return x, r, rn, it, singular
@@ -158,7 +177,7 @@ class _ImplicitSolve(torch.autograd.Function):
         params = all_params[:n_explicit]
         with torch.no_grad():
             x, _, rn, it, singular = _newton(fn, jacobian, x0, params, opts["tol"], opts["max_iter"],
-                                             opts["line_search"], opts["chord"])
+                                             opts["line_search"], opts["update"], opts["approx_jacobian"])
         ctx.fn, ctx.jacobian, ctx.n_explicit = fn, jacobian, n_explicit
         ctx.save_for_backward(x, *all_params)
         ctx.mark_non_differentiable(rn)
@@ -200,8 +219,9 @@ def newton_solve(
     tol: float | Tensor = 1e-10,
     max_iter: int = 50,
     jacobian: Callable[..., Tensor] | None = None,
+    approx_jacobian: Callable[..., Tensor] | None = None,
     line_search: bool = True,
-    chord: bool = False,
+    update: str = "newton",
     raise_on_failure: bool = True,
     context: str = "",
 ) -> Tensor | tuple[Tensor, NewtonStatus]:
@@ -232,12 +252,20 @@ def newton_solve(
         max_iter: Newton iterations allowed.
         jacobian: optional analytic ``J = jacobian(x, *params) -> (..., n, n)``, ``J[..., i, j] =
             dr_i/dx_j``; used in the forward iterations and in the backward solve.
+        approx_jacobian: optional cheaper approximation of ``J`` (same signature) that the
+            forward iterations start with (a quasi-Newton method: linear convergence whose rate is
+            the approximation's relative error). If an iteration fails to halve the residual
+            norm, the iterations continue from the exact Jacobian. The backward pass always takes
+            the exact one (``jacobian`` or forward-mode AD).
         line_search: halve the step while it does not decrease the residual norm (Armijo).
-        chord: factorise the Jacobian of the first iteration only and reuse it (the chord, or
-            simplified Newton, method): cheaper iterations, linear instead of quadratic
-            convergence -- a good trade when ``x0`` is close to the root (e.g. a time step
-            started from an explicit predictor). The backward pass always uses the Jacobian at
-            the root.
+        update: how the forward iterations refresh the Jacobian: ``"newton"`` (every iteration,
+            quadratic convergence), ``"chord"`` (factorise the first one and reuse it: cheaper
+            iterations, linear convergence) or ``"broyden"`` (the first one, then Broyden's
+            rank-one secant updates: superlinear convergence for the cost of the chord method).
+            The cheap variants pay off when ``x0`` is close to the root (e.g. a time step
+            started from an explicit predictor); an iteration that fails to halve the residual
+            norm makes the next one start over from the exact Jacobian. The backward pass always
+            uses the exact Jacobian at the root.
         raise_on_failure: raise :class:`~diffmech.errors.ConvergenceError` when an element did not
             converge (default). If ``False``, return ``(x, NewtonStatus)`` instead and let the
             caller decide.
@@ -254,7 +282,9 @@ def newton_solve(
         raise ShapeError(f"newton_solve: x0 must be a tensor of shape (..., n), got {type(x0).__name__} "
                          f"{tuple(getattr(x0, 'shape', ()))}")
     if max_iter < 0:
-        raise ValueError(f"newton_solve: max_iter must be >= 0, got {max_iter}")
+        raise ShapeError(f"newton_solve: max_iter must be >= 0, got {max_iter}")
+    if update not in ("newton", "chord", "broyden"):
+        raise ShapeError(f"newton_solve: update must be 'newton', 'chord' or 'broyden', got {update!r}")
     params = tuple(params)
     if adjoint_params is None:
         adjoint_params = (
@@ -267,7 +297,8 @@ def newton_solve(
                 raise ShapeError(f"newton_solve: {name}[{i}] must be a tensor, got {type(p).__name__}")
     if isinstance(tol, Tensor):
         tol = tol.to(dtype=x0.dtype, device=x0.device)
-    opts = {"tol": tol, "max_iter": int(max_iter), "line_search": bool(line_search), "chord": bool(chord)}
+    opts = {"tol": tol, "max_iter": int(max_iter), "line_search": bool(line_search), "update": update,
+            "approx_jacobian": approx_jacobian}
     needs_graph = torch.is_grad_enabled() and any(p.requires_grad for p in (*params, *adjoint_params))
     if needs_graph:
         x, rn = _ImplicitSolve.apply(residual_fn, jacobian, opts, x0, len(params), *params, *adjoint_params)
@@ -275,7 +306,8 @@ def newton_solve(
         converged = rn <= tol
     else:
         with torch.no_grad():
-            x, _, rn, it, singular = _newton(residual_fn, jacobian, x0, params, tol, max_iter, line_search, chord)
+            x, _, rn, it, singular = _newton(residual_fn, jacobian, x0, params, tol, max_iter, line_search, update,
+                                             approx_jacobian)
         converged = rn <= tol
     status = NewtonStatus(converged=converged, residual_norm=rn.detach(), iterations=it)
     if raise_on_failure:

@@ -1,7 +1,13 @@
 """Simulation: fixed-step integrators and differentiable rollouts with a checkpointed adjoint."""
 
 from .integrators import (
-    INTEGRATORS, RK4, ExplicitEuler, ExplicitMidpoint, Integrator, SemiImplicitEuler, VariationalMidpoint,
+    INTEGRATORS,
+    RK4,
+    ExplicitEuler,
+    ExplicitMidpoint,
+    Integrator,
+    SemiImplicitEuler,
+    VariationalMidpoint,
     get_integrator,
 )
 from .rollout import ADJOINTS, rollout

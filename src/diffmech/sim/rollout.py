@@ -7,9 +7,12 @@ from its stored state, and propagates the adjoint (the cotangent of the state) t
 
     ``lam_k = (d x_{k+1} / d x_k)^T lam_{k+1} + dL/dx_k``,  ``dL/dtheta += (d x_{k+1} / d theta)^T lam_{k+1}``.
 
-Memory therefore grows with ``steps x state size`` instead of with the graph of every step, and
-each reverse step costs one rebuilt step plus its VJP (for the dynamics: one ABA, one mass-matrix
-Cholesky solve and one RNEA VJP, see :func:`diffmech.dynamics.aba.forward_dynamics`).
+Memory therefore grows with ``steps x state size`` instead of with the graph of every step.
+The forward-dynamics values of the explicit integrators (one per stage) are kept too, so a
+rebuilt step does not run ABA again: its backward is one mass-matrix Cholesky solve and one RNEA
+VJP per stage (the implicit-function-theorem gradient of
+:func:`diffmech.dynamics.aba.forward_dynamics`). The variational integrator restarts its Newton
+solve from the stored next state and differentiates it through :mod:`diffmech.implicit`.
 ``adjoint="autograd"`` backpropagates through the whole loop (the baseline).
 """
 
@@ -23,6 +26,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from ..dynamics.aba import forward_dynamics_flat
+from ..dynamics.crba import crba_flat
+from ..dynamics.rnea import rnea_flat
 from ..errors import ShapeError, SimulationError
 from ..model.robot import RobotModel
 from .integrators import Integrator, get_integrator
@@ -48,7 +54,7 @@ class _Config:
     checkpoint_every: int
     progress: bool
     stats: dict | None
-    n_params: int = 0
+    record: bool = False  # keep the forward-dynamics values for the backward pass
     extras: dict = field(default_factory=dict)
 
     @property
@@ -100,20 +106,98 @@ def _check_finite(cfg: _Config, qs: Tensor, vs: Tensor, first_state: int) -> Non
     )
 
 
-def _simulate(cfg: _Config, q0, v0, tau, f_ext, Q, V, start: int, stop: int, check: bool) -> None:
-    """Integrate steps ``start..stop-1`` without recording into ``Q, V (B, >= stop+1, n)``."""
+class _ReplayedDynamics(torch.autograd.Function):
+    """Forward dynamics whose value was recorded in the forward pass.
+
+    Forward returns the recorded ``qdd``; backward is that of
+    :func:`diffmech.dynamics.aba.forward_dynamics` (``lam = M^{-1} g`` is the cotangent of ``tau``;
+    ``q``, ``v``, ``f_ext`` and the model parameters get the RNEA VJP with ``-lam`` at ``qdd``).
+    A recomputed step thus costs no ABA, only the mass matrix, its Cholesky factor and one RNEA VJP.
+    """
+
+    @staticmethod
+    def forward(ctx, robot, passive, q, v, tau, f_ext, qdd, *params):
+        ctx.robot, ctx.passive, ctx.params = robot, passive, params
+        ctx.save_for_backward(q, v, qdd, f_ext)
+        return qdd.clone()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        q, v, qdd, f_ext = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        robot, params = ctx.robot, ctx.params
+        M = crba_flat(robot, q)
+        lam = torch.cholesky_solve(g[..., None], torch.linalg.cholesky(M))[..., 0]
+        flags = [needs[2], needs[3], f_ext is not None and needs[5]]
+        p_idx = [i for i in range(len(params)) if needs[7 + i]]
+        out: list[Tensor | None] = [None, None, None]
+        g_p: list[Tensor | None] = [None] * len(params)
+        if any(flags) or p_idx:
+            with torch.enable_grad():
+                leaves = [t.detach().requires_grad_(f) if t is not None else None for t, f in zip((q, v, f_ext), flags)]
+                tau_id = rnea_flat(robot, leaves[0], leaves[1], qdd, leaves[2], ctx.passive)
+                wanted = [leaves[i] for i in range(3) if flags[i]] + [params[i] for i in p_idx]
+                got = torch.autograd.grad(tau_id, wanted, grad_outputs=-lam, allow_unused=True)
+            j = 0
+            for i in range(3):
+                if flags[i]:
+                    out[i] = got[j]
+                    j += 1
+            for i in p_idx:
+                g_p[i] = got[j]
+                j += 1
+        return (None, None, out[0], out[1], lam if needs[4] else None, out[2], None, *g_p)
+
+
+class _Tape:
+    """Forward-dynamics values of consecutive steps: recorded going forward, replayed backward.
+
+    ``A (n_steps, accel_calls, B, nv)``; :meth:`seek` selects a step, then each call serves the
+    next evaluation of that step.
+    """
+
+    def __init__(self, cfg: _Config, A: Tensor, params: Sequence[Tensor] = ()):
+        self.robot, self.passive, self.A, self.params = cfg.robot, cfg.passive, A, tuple(params)
+        self.k = 0
+        self.s = 0
+
+    def seek(self, k: int) -> _Tape:
+        self.k, self.s = k, 0
+        return self
+
+    def record(self, q, v, tau, f_ext):
+        a = forward_dynamics_flat(self.robot, q, v, tau, f_ext, self.passive, "aba", True)
+        self.A[self.k, self.s] = a
+        self.s += 1
+        return a
+
+    def replay(self, q, v, tau, f_ext):
+        a = self.A[self.k, self.s]
+        self.s += 1
+        return _ReplayedDynamics.apply(self.robot, self.passive, q, v, tau, f_ext, a, *self.params)
+
+
+def _simulate(cfg: _Config, q0, v0, tau, f_ext, Q, V, start: int, stop: int, check: bool,
+              tape: _Tape | None = None, offset: int = 0, show: bool = True) -> None:
+    """Integrate steps ``start..stop-1`` without recording a graph, writing state ``k`` into
+    ``Q, V[:, k - offset]``; with a ``tape``, keep each step's forward-dynamics values at
+    ``tape.A[k - offset]``."""
     robot, integ, dt, passive = cfg.robot, cfg.integ, cfg.dt, cfg.passive
     q, v = q0, v0
     last = start
     implicit = integ.implicit
-    for k in _steps_iter(cfg, start, stop, "rollout"):
+    accel = tape.record if tape is not None else None
+    for k in _steps_iter(cfg, start, stop, "rollout") if show else range(start, stop):
         u = _control(cfg, tau, k, q, v)
         fe = None if f_ext is None else f_ext[:, k]
-        q, v = integ.step_flat(robot, q, v, u, dt, fe, passive, context=f"step {k}" if implicit else "")
-        Q[:, k + 1] = q
-        V[:, k + 1] = v
+        if tape is not None:
+            tape.seek(k - offset)
+        q, v = integ.step_flat(robot, q, v, u, dt, fe, passive, context=f"step {k}" if implicit else "", accel=accel)
+        Q[:, k + 1 - offset] = q
+        V[:, k + 1 - offset] = v
         if check and (k + 1 - last >= _CHECK_EVERY or k + 1 == stop):
-            _check_finite(cfg, Q[:, last + 1:k + 2], V[:, last + 1:k + 2], last + 1)
+            _check_finite(cfg, Q[:, last + 1 - offset:k + 2 - offset], V[:, last + 1 - offset:k + 2 - offset], last + 1)
             last = k + 1
 
 
@@ -129,18 +213,26 @@ class _CheckpointRollout(torch.autograd.Function):
         Q[:, 0] = q0
         V[:, 0] = v0
         _check_finite(cfg, Q[:, :1], V[:, :1], 0)
-        _simulate(cfg, q0, v0, tau, f_ext, Q, V, 0, T, check=True)
         K = cfg.checkpoint_every
+        S = cfg.integ.accel_calls
+        tape = None
+        if cfg.record and K == 1 and S:
+            tape = _Tape(cfg, q0.new_empty(T, S, B, robot.nv))
+        _simulate(cfg, q0, v0, tau, f_ext, Q, V, 0, T, check=True, tape=tape)
+        ctx.accels = tape.A if tape is not None else None
         if K == 1:
             # The outputs are the stored states: saving them costs no copy.
             ctx.save_for_backward(Q, V, tau, f_ext)
-        else:
+        elif cfg.record:
             ctx.save_for_backward(Q[:, ::K].clone(), V[:, ::K].clone(), tau, f_ext)
         ctx.cfg = cfg
         ctx.params = params
         if cfg.stats is not None:
             saved = (T // K + 1) * B * (robot.nq + robot.nv) * q0.element_size()
-            cfg.stats.update(forward_time=time.perf_counter() - t0, steps=T, checkpoint_every=K, saved_state_bytes=saved)
+            if tape is not None:
+                saved += tape.A.numel() * tape.A.element_size()
+            cfg.stats.update(forward_time=time.perf_counter() - t0, steps=T, checkpoint_every=K,
+                             saved_state_bytes=saved)
         return Q, V
 
     @staticmethod
@@ -164,18 +256,29 @@ class _CheckpointRollout(torch.autograd.Function):
         g_p: list[Tensor | None] = [None] * len(p_need)
         implicit = integ.implicit
         recomputed = 0
+        S = integ.accel_calls
+        model_params = [p for p in params if any(p is r for r in robot.parameters())]
+        bar = None
+        if cfg.progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=T, desc="rollout backward", leave=False)
+        tape = _Tape(cfg, ctx.accels, model_params) if ctx.accels is not None else None
         for s in reversed(range(0, T, K)):
             e = min(s + K, T)
             if K == 1:
                 Qseg, Vseg, off = Qs, Vs, 0
             else:
-                # Rebuild the states of this segment from its checkpoint (no graph).
+                # Rebuild the states of this segment from its checkpoint (no graph), keeping the
+                # forward-dynamics values for the reverse steps.
                 Qseg = Qs.new_empty(B, e - s + 1, robot.nq)
                 Vseg = Vs.new_empty(B, e - s + 1, robot.nv)
                 Qseg[:, 0] = Qs[:, s // K]
                 Vseg[:, 0] = Vs[:, s // K]
+                tape = _Tape(cfg, Qs.new_empty(e - s, S, B, robot.nv), model_params) if S else None
                 with torch.no_grad():
-                    _simulate_segment(cfg, Qseg, Vseg, tau, f_ext, s, e)
+                    _simulate(cfg, Qseg[:, 0], Vseg[:, 0], tau, f_ext, Qseg, Vseg, s, e, check=False, tape=tape,
+                              offset=s, show=False)
                 recomputed += e - s
                 off = s
             for k in range(e - 1, s - 1, -1):
@@ -188,8 +291,9 @@ class _CheckpointRollout(torch.autograd.Function):
                         u = _control(cfg, None, k, qk, vk)
                     fe = None if f_ext is None else f_ext[:, k].detach().requires_grad_(need_f)
                     hint = Qseg[:, k + 1 - off] if implicit else None
+                    accel = tape.seek(k - off).replay if tape is not None else None
                     q1, v1 = integ.step_flat(robot, qk, vk, u, dt, fe, passive,
-                                             context=f"step {k} (backward)" if implicit else "", hint=hint)
+                                             context=f"step {k} (backward)" if implicit else "", hint=hint, accel=accel)
                     inputs = [qk, vk]
                     if need_tau:
                         inputs.append(u)
@@ -211,6 +315,10 @@ class _CheckpointRollout(torch.autograd.Function):
                 for i, gi in enumerate(grads[j:]):
                     if gi is not None:
                         g_p[i] = gi if g_p[i] is None else g_p[i] + gi
+                if bar is not None:
+                    bar.update(1)
+        if bar is not None:
+            bar.close()
         out_p: list[Tensor | None] = [None] * len(params)
         for i, gi in zip(p_idx, g_p):
             out_p[i] = gi if gi is not None else torch.zeros_like(params[i])
@@ -221,18 +329,6 @@ class _CheckpointRollout(torch.autograd.Function):
 
 def _or_zero(g: Tensor | None, like: Tensor) -> Tensor:
     return g if g is not None else torch.zeros_like(like)
-
-
-def _simulate_segment(cfg: _Config, Qseg, Vseg, tau, f_ext, s: int, e: int) -> None:
-    robot, integ, dt, passive = cfg.robot, cfg.integ, cfg.dt, cfg.passive
-    q, v = Qseg[:, 0], Vseg[:, 0]
-    for k in range(s, e):
-        u = _control(cfg, tau, k, q, v)
-        fe = None if f_ext is None else f_ext[:, k]
-        q, v = integ.step_flat(robot, q, v, u, dt, fe, passive, context=f"step {k} (recompute)" if integ.implicit
-                               else "")
-        Qseg[:, k + 1 - s] = q
-        Vseg[:, k + 1 - s] = v
 
 
 def _autograd_rollout(cfg: _Config, q0, v0, tau, f_ext) -> tuple[Tensor, Tensor]:
@@ -306,7 +402,9 @@ def rollout(
             ``"autograd"`` (backpropagate through the graph of the whole loop).
         checkpoint_every: with ``adjoint="checkpoint"``, keep every ``k``-th state for the
             backward pass and recompute the states in between (one extra forward step per step):
-            the saved states shrink ``k``-fold once the returned trajectory is released.
+            the saved states shrink ``k``-fold once the returned trajectory is released (with
+            ``k = 1`` the saved states are the returned trajectory itself, plus the recorded
+            accelerations).
         f_ext: optional (..., T, n_links, 6) link forces; torques per step (world-aligned axes,
             torque about the link origin).
         passive: include joint damping and springs.
@@ -407,6 +505,7 @@ def rollout(
             bool(all_params) or any(t is not None and t.requires_grad for t in (q0f, v0f, tauf, fef))
         )
         if differentiable:
+            cfg.record = True
             Q, V = _CheckpointRollout.apply(cfg, q0f, v0f, tauf, fef, *all_params)
         else:
             with torch.no_grad():
