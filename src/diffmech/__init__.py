@@ -1,8 +1,19 @@
 """diffmech: differentiable, learnable mechanics in PyTorch."""
 
 from .dynamics import (
-    aba, bias_forces, center_of_mass, crba, forward_dynamics, forward_kinematics, generalized_gravity,
-    integrate, jacobian, kinetic_energy, link_pose, potential_energy, rnea,
+    aba,
+    bias_forces,
+    center_of_mass,
+    crba,
+    forward_dynamics,
+    forward_kinematics,
+    generalized_gravity,
+    integrate,
+    jacobian,
+    kinetic_energy,
+    link_pose,
+    potential_energy,
+    rnea,
 )
 from .errors import ConvergenceError, DiffmechError, ModelError, ShapeError, SimulationError, URDFError
 from .model import JointSpec, LinkSpec, RobotModel, RobotSpec, load_urdf, parse_urdf

@@ -24,6 +24,7 @@ from torch import Tensor
 from ..errors import ShapeError
 from ..model.robot import ModelTensors, RobotModel
 
+
 def as_state(model: RobotModel, named: list) -> tuple[list[Tensor], tuple[int, ...]]:
     """Validate and broadcast state tensors, then flatten their batch dimensions.
 

@@ -21,8 +21,19 @@ from torch import Tensor
 from ..errors import ShapeError
 from ..model.robot import ModelTensors, RobotModel
 from ._common import (
-    as_state, external_body_forces, f_ext_entry, force_cross, gravity_acceleration, masks, mm, motion_cross, mv,
-    passive_forces, tree_state, tree_sum, world_inertia,
+    as_state,
+    external_body_forces,
+    f_ext_entry,
+    force_cross,
+    gravity_acceleration,
+    masks,
+    mm,
+    motion_cross,
+    mv,
+    passive_forces,
+    tree_state,
+    tree_sum,
+    world_inertia,
 )
 from .crba import crba_flat
 from .rnea import rnea_flat

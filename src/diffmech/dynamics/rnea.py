@@ -12,8 +12,18 @@ from torch import Tensor
 
 from ..model.robot import ModelTensors, RobotModel
 from ._common import (
-    TreeState, as_state, external_body_forces, f_ext_entry, force_cross, gravity_acceleration, masks,
-    motion_cross, passive_forces, tree_state, tree_sum, world_inertia,
+    TreeState,
+    as_state,
+    external_body_forces,
+    f_ext_entry,
+    force_cross,
+    gravity_acceleration,
+    masks,
+    motion_cross,
+    passive_forces,
+    tree_state,
+    tree_sum,
+    world_inertia,
 )
 
 __all__ = ["rnea", "bias_forces", "generalized_gravity", "rnea_flat"]

@@ -2,8 +2,12 @@
 
 from . import systems
 from .params import (
-    IndependentInertial, PhysicallyConsistentInertial, PositiveScalar, SymmetricPositiveDefinite,
-    inertial_regressor, make_link_inertial_learnable,
+    IndependentInertial,
+    PhysicallyConsistentInertial,
+    PositiveScalar,
+    SymmetricPositiveDefinite,
+    inertial_regressor,
+    make_link_inertial_learnable,
 )
 from .robot import RobotModel
 from .spec import JointSpec, LinkSpec, RobotSpec

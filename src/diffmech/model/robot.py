@@ -269,7 +269,7 @@ class RobotModel(nn.Module):
 
         # Depth levels of the bodies (bodies at one depth are processed together).
         depth = []
-        for b, p in enumerate(body_parent):
+        for p in body_parent:
             depth.append(0 if p < 0 else depth[p] + 1)
         self.body_depth = depth
         self._levels = []
@@ -459,7 +459,9 @@ class RobotModel(nn.Module):
         """Index of ``link`` in :attr:`link_names` (names or indices accepted)."""
         if isinstance(link, int):
             if not -len(self.link_names) <= link < len(self.link_names):
-                raise ModelError(f"{self.name}: link index {link} out of range (robot has {len(self.link_names)} links)")
+                raise ModelError(
+                    f"{self.name}: link index {link} out of range (robot has {len(self.link_names)} links)"
+                )
             return link % len(self.link_names)
         if link not in self._link_index:
             raise ModelError(f"{self.name}: no link named '{link}'; links are {self.link_names}")
@@ -597,7 +599,8 @@ class RobotModel(nn.Module):
         }
 
     def extra_repr(self) -> str:
-        return f"name={self.name!r}, links={self.n_links}, nq={self.nq}, nv={self.nv}, floating_base={self.floating_base}"
+        return (f"name={self.name!r}, links={self.n_links}, nq={self.nq}, nv={self.nv}, "
+                f"floating_base={self.floating_base}")
 
     # ------------------------------------------------------------------ algorithms as methods
     def forward(self, q: Tensor, v: Tensor, tau: Tensor, **kwargs) -> Tensor:

@@ -131,19 +131,20 @@ def parse_urdf(path_or_xml: str | os.PathLike) -> RobotSpec:
         axis = (1.0, 0.0, 0.0) if j.axis is None else tuple(float(a) for a in j.axis)
         lim = j.limit
         dyn = j.dynamics
-        inf = math.inf
-        lower = _num(lim.lower, f"lower limit of joint '{j.name}'", src) if lim is not None and lim.lower is not None else -inf
-        upper = _num(lim.upper, f"upper limit of joint '{j.name}'", src) if lim is not None and lim.upper is not None else inf
+
+        def value(group, attr: str, default: float) -> float:
+            raw = None if group is None else getattr(group, attr)
+            return default if raw is None else _num(raw, f"{attr} of joint '{j.name}'", src)
+
+        lower, upper = value(lim, "lower", -math.inf), value(lim, "upper", math.inf)
         if j.type == "continuous":
-            lower, upper = -inf, inf
+            lower, upper = -math.inf, math.inf
         joints.append(JointSpec(
             name=j.name, type=j.type, parent=j.parent, child=j.child,
             xyz=tuple(float(x) for x in T[:3, 3]), rpy=_rpy(T[:3, :3]), axis=axis,
             lower=lower, upper=upper,
-            velocity=_num(lim.velocity, f"velocity limit of '{j.name}'", src) if lim is not None and lim.velocity is not None else inf,
-            effort=_num(lim.effort, f"effort limit of '{j.name}'", src) if lim is not None and lim.effort is not None else inf,
-            damping=_num(dyn.damping, f"damping of joint '{j.name}'", src) if dyn is not None else 0.0,
-            friction=_num(dyn.friction, f"friction of joint '{j.name}'", src) if dyn is not None else 0.0,
+            velocity=value(lim, "velocity", math.inf), effort=value(lim, "effort", math.inf),
+            damping=value(dyn, "damping", 0.0), friction=value(dyn, "friction", 0.0),
         ))
     return RobotSpec(name=robot.name or "robot", links=links, joints=joints, source=src)
 
