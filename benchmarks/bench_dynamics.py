@@ -337,6 +337,8 @@ def run(args) -> dict:
                             else:
                                 pin_cache[key] = add(robot_name, dtype, B, algo, impl, "ok",
                                                      time_call(fn, args.budget, max_call=args.max_call))
+                                # Pinocchio's batch API sets OpenMP's thread count, which torch shares.
+                                torch.set_num_threads(args.threads)
                     # differentiable-robot-model and pytorch_kinematics, skipped when predicted too slow.
                     peer_cells = [("drm", drm.fn(algo, q, v, u) if drm is not None else None,
                                    "differentiable_robot_model not installed" if drm is None else "")]

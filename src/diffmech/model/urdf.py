@@ -132,9 +132,9 @@ def parse_urdf(path_or_xml: str | os.PathLike) -> RobotSpec:
         lim = j.limit
         dyn = j.dynamics
 
-        def value(group, attr: str, default: float) -> float:
+        def value(group, attr: str, default: float, joint: str = j.name) -> float:
             raw = None if group is None else getattr(group, attr)
-            return default if raw is None else _num(raw, f"{attr} of joint '{j.name}'", src)
+            return default if raw is None else _num(raw, f"{attr} of joint '{joint}'", src)
 
         lower, upper = value(lim, "lower", -math.inf), value(lim, "upper", math.inf)
         if j.type == "continuous":
