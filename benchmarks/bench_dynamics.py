@@ -674,7 +674,7 @@ def _compiled_table(result: dict) -> list[str]:
     lines: list[str] = []
     compiled = [r for r in result["results"] if r["impl"] == "diffmech-compiled"]
     if compiled:
-        lines += ["", "#### Compiled: `diffmech.dynamics.compiled` (torch.compile, chunks of 1024)", "",
+        lines += ["", "### Compiled evaluation: `diffmech.dynamics.compiled` (torch.compile, chunks of 1024)", "",
                   "The first call at a new shape compiles (cold cache); batches of 1024 and more reuse the 1024-row "
                   "graph. Break-even = first-call seconds / seconds saved per call.", "",
                   "| robot | dtype | algorithm | batch | first call s | eager states/s | compiled states/s "

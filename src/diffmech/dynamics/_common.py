@@ -98,7 +98,12 @@ def mm(A: Tensor, C: Tensor) -> Tensor:
 
 def cross(a: Tensor, b: Tensor) -> Tensor:
     """Cross product over the component dimension ``-2`` of ``(..., 3, B)`` tensors."""
-    return torch.linalg.cross(a, b, dim=-2)
+    if max(a.shape[-1], b.shape[-1]) < 256:
+        return torch.linalg.cross(a, b, dim=-2)
+    # linalg.cross strides across rows of B values; by components it is ~2x faster for long rows.
+    a1, a2, a3 = a.unbind(-2)
+    b1, b2, b3 = b.unbind(-2)
+    return torch.stack([a2 * b3 - a3 * b2, a3 * b1 - a1 * b3, a1 * b2 - a2 * b1], dim=-2)
 
 
 def motion_cross(v: Tensor, m: Tensor) -> Tensor:
