@@ -70,6 +70,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--sigma", type=float, default=0.5, help="CMA-ES initial step size (default 0.5)")
     ap.add_argument("--popsize", type=int, default=None, help="CMA-ES population (default 4 + 3 ln n)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ratio", type=float, default=None,
+                    help="fix the backward/forward cost ratio r instead of measuring it (reproducible budgets)")
     ap.add_argument("--no-progress", action="store_true")
     return ap.parse_args(argv)
 
@@ -262,7 +264,7 @@ def main(argv=None) -> dict:
     progress = not args.no_progress
     with torch.no_grad():
         loss0 = float(prob.loss(torch.zeros(1, prob.K, 7, dtype=torch.float64)).sum())
-    ratio = measure_ratio(prob)
+    ratio = measure_ratio(prob) if args.ratio is None else args.ratio
     adam_cost = (1 + ratio) * prob.T
     print(f"T = {prob.T} steps of {prob.dt} s, {prob.n} decision variables ({prob.K} knots x 7 joints); "
           f"budget {args.budget} simulated steps")

@@ -52,7 +52,9 @@ def test_throw_trajopt_both_optimisers_progress(tmp_path):
     mod = _load("throw_trajopt")
     out = tmp_path / "throw"
     budget = 3000
-    mod.main(["--budget", str(budget), "--steps", "30", "--seed", "0", "--out", str(out), "--no-progress"])
+    # A fixed cost ratio: a measured one varies with machine load and with it the number of Adam steps.
+    mod.main(["--budget", str(budget), "--steps", "30", "--seed", "0", "--out", str(out), "--no-progress",
+              "--ratio", "2.5"])
     res = json.loads((out / "results.json").read_text())
     assert (out / "throw_trajopt.png").stat().st_size > 0
     r = res["backward_forward_ratio"]

@@ -31,6 +31,7 @@ name                     order  per step
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Callable
 
@@ -108,7 +109,7 @@ def _dexpinv(robot: RobotModel, omega: Tensor, k: Tensor, terms: int) -> Tensor:
     return torch.cat([out, k[:, 6:]], dim=-1)
 
 
-class Integrator:
+class Integrator(abc.ABC):
     """Base class: a fixed-step integrator.
 
     Attributes:
@@ -171,6 +172,7 @@ class Integrator:
                 "(use 'semi_implicit_euler', 'euler', 'midpoint' or 'rk4')"
             )
 
+    @abc.abstractmethod
     def step_flat(
         self,
         robot: RobotModel,
@@ -194,7 +196,6 @@ class Integrator:
         (called ``accel_calls`` times per step, in a fixed order); :func:`diffmech.sim.rollout`
         uses it to record the accelerations of the forward pass and replay them in the backward.
         """
-        raise NotImplementedError
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
