@@ -357,7 +357,8 @@ def target_table(rows: list[dict]) -> str:
 
 def markdown(report: dict, configs, Ts) -> str:
     m = report["machine"]
-    skipped = sorted({r["skipped"] for r in report["cells"] if "skipped" in r})
+    skipped = [f"{r['robot']} x{r['batch']} {LABEL[r['method']]} T={r['T']}: {r['skipped'].removeprefix('skipped ')}"
+               for r in report["cells"] if "skipped" in r]
     failed = sorted({f"{r['robot']} x{r['batch']} {r['method']} T={r['T']}: {r['error']}"
                      for r in report["cells"] + report["k_cells"] + report["thread_cells"] if "error" in r})
     lines = [
@@ -387,8 +388,8 @@ def markdown(report: dict, configs, Ts) -> str:
         "",
         "> Measured while other jobs loaded the 2 cores (wall times are inflated and noisy; the CPU-time "
         "columns in `benchmarks/results/bench_rollout.json` are less affected), and while the rollout code was "
-        "still changing (the JSON fingerprints the files each run used). The lead will re-run on a quiet "
-        "machine.",
+        "still changing (the JSON fingerprints the simulation and dynamics sources at the start and the end "
+        "of the run). The lead will re-run on a quiet machine.",
         "",
         "Two threads on tiny operations: at one robot per batch every operation works on a few 3-vectors and "
         "7x7 matrices; an operation that PyTorch parallelises then waits for the second thread, and on a loaded "
@@ -405,6 +406,18 @@ def markdown(report: dict, configs, Ts) -> str:
         target_table(report["targets"]),
         "",
     ]
+    growth = []
+    for robot, batch, methods in configs:
+        for meth in methods:
+            cs = sorted((c for c in report["cells"] if c.get("robot") == robot and c.get("batch") == batch
+                         and c.get("method") == meth and ok(c) and c["T"] >= 100), key=lambda c: c["T"])
+            if len(cs) >= 2:
+                f = (cs[-1]["backward_s"] / cs[-1]["T"]) / (cs[0]["backward_s"] / cs[0]["T"])
+                if f > 3:
+                    growth.append(f"{robot} x{batch} {LABEL[meth]}: x{f:.0f} from T={cs[0]['T']} to T={cs[-1]['T']}")
+    if growth:
+        lines += ["Backward time per step that grows with T (the total then grows faster than linearly): "
+                  + "; ".join(growth) + ".", ""]
     if skipped:
         lines += ["Skipped cells: " + "; ".join(skipped) + ".", ""]
     if failed:
@@ -435,9 +448,26 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", default=None, help="results file (default benchmarks/results/bench_rollout[_quick].json)")
     ap.add_argument("--markdown", default=None,
                     help="markdown file to update (default BENCHMARKS.md; none with --quick); 'none' skips")
+    ap.add_argument("--render", metavar="JSON", default=None,
+                    help="only rewrite the markdown section from a results file of an earlier run")
     ap.add_argument("--T", type=int, nargs="+", default=None,
                     help="override the step counts (the k study and thread cells then use at most max(T))")
     args = ap.parse_args(argv)
+    if args.render:
+        with open(args.render) as f:
+            report = json.load(f)
+        report.setdefault("thread_cells", [])
+        Ts_r = tuple(sorted({c["T"] for c in report["cells"]}))
+        configs_r = []
+        for c in report["cells"]:
+            key = (c["robot"], c["batch"])
+            if key not in [(a, b) for a, b, _ in configs_r]:
+                configs_r.append((*key, tuple(dict.fromkeys(x["method"] for x in report["cells"]
+                                                            if (x["robot"], x["batch"]) == key))))
+        md_path = args.markdown if args.markdown not in (None, "none") else os.path.join(ROOT, "BENCHMARKS.md")
+        update_markdown(md_path, markdown(report, configs_r, Ts_r))
+        print(f"updated {md_path} from {args.render}")
+        return report
 
     Ts = tuple(args.T) if args.T else (T_QUICK if args.quick else T_FULL)
     configs = CONFIGS_QUICK if args.quick else CONFIGS_FULL
@@ -502,7 +532,8 @@ def main(argv: list[str] | None = None) -> dict:
         cmd += " --T " + " ".join(map(str, args.T))
     mach = machine()
     report = {
-        "machine": mach, "code_changed_during_run": mach["code_sha1"] != code_before, "command": cmd,
+        "machine": mach, "code_sha1_start": code_before, "code_changed_during_run": mach["code_sha1"] != code_before,
+        "command": cmd,
         "quick": args.quick, "budget_s": args.budget,
         "mem_cap_gib": args.mem_cap_gb, "dt": 1e-3, "integrator": "semi_implicit_euler", "dtype": "float64",
         "load_before": load_before, "load_after": os.getloadavg(), "wall_s": time.perf_counter() - t_start,

@@ -240,6 +240,29 @@ def world_inertia(ts: TreeState) -> RigidInertia:
     return RigidInertia(m=m, h=h, I=I)
 
 
+class VelocityTerms(NamedTuple):
+    """What RNEA and ABA both derive from the velocities (batch-last)."""
+
+    inertia: RigidInertia  # world-frame body inertias
+    V: Tensor  # (nb, 6, B) body spatial velocities
+    c: Tensor  # (nv, 6, B) velocity-product acceleration of each joint, (V_body x S) v
+    bias: Tensor  # (nb, 6, B) V x* I V minus the external forces
+
+
+def velocity_terms(model: RobotModel, ts: TreeState, vT: Tensor, f_ext: Tensor | None) -> VelocityTerms:
+    """Body velocities, joint bias accelerations and body bias forces for ``vT (nv, B)``."""
+    inertia = world_inertia(ts)
+    mask_bd, _ = masks(model, vT)
+    Sv = ts.S * vT[:, None]
+    V = tree_sum(mask_bd, Sv)
+    # Each column moves with its body: d/dt S_d = V_body(d) x S_d.
+    c = motion_cross(V[model._dof_body], Sv)
+    bias = force_cross(V, inertia.apply(V))
+    if f_ext is not None:
+        bias = bias - external_body_forces(model, ts, f_ext)
+    return VelocityTerms(inertia, V, c, bias)
+
+
 def masks(model: RobotModel, like: Tensor) -> tuple[Tensor, Tensor]:
     """``(mask_bd (nb, nv), mask_db (nv, nb))`` in ``like``'s dtype: ``mask_bd[i, d] = 1`` when
     joint ``d`` moves body ``i``."""

@@ -22,18 +22,13 @@ from ..errors import ShapeError
 from ..model.robot import ModelTensors, RobotModel
 from ._common import (
     as_state,
-    external_body_forces,
     f_ext_entry,
-    force_cross,
     gravity_acceleration,
-    masks,
     mm,
-    motion_cross,
     mv,
     passive_forces,
     tree_state,
-    tree_sum,
-    world_inertia,
+    velocity_terms,
 )
 from .crba import crba_flat
 from .rnea import rnea_flat
@@ -67,18 +62,12 @@ def _aba(model: RobotModel, q: Tensor, v: Tensor, tau: Tensor, f_ext, passive: b
     mt = ts.mt
     vT, tauT = v.transpose(0, 1), tau.transpose(0, 1)
     S = ts.S
-    inertia = world_inertia(ts)
-    mask_bd, _ = masks(model, q)
-    Sv = S * vT[:, None]
-    V = tree_sum(mask_bd, Sv)
-    c = motion_cross(V[model._dof_body], Sv)  # (nv, 6, B)
-    pA_all = force_cross(V, inertia.apply(V))
-    if f_ext is not None:
-        pA_all = pA_all - external_body_forces(model, ts, f_ext)
+    vt = velocity_terms(model, ts, vT, f_ext)
+    c = vt.c  # (nv, 6, B)
     if passive:
         tauT = tauT + passive_forces(model, mt, q.transpose(0, 1), vT)
-    IA = list(inertia.matrix().unbind(0))
-    pA = list(pA_all.unbind(0))
+    IA = list(vt.inertia.matrix().unbind(0))
+    pA = list(vt.bias.unbind(0))
     off = model._nfree
     levels: list[_Level] = []
     for (idx, par), level_dofs in zip(reversed(model._levels), reversed(model._level_dofs)):

@@ -14,16 +14,13 @@ from ..model.robot import ModelTensors, RobotModel
 from ._common import (
     TreeState,
     as_state,
-    external_body_forces,
     f_ext_entry,
-    force_cross,
     gravity_acceleration,
     masks,
-    motion_cross,
     passive_forces,
     tree_state,
     tree_sum,
-    world_inertia,
+    velocity_terms,
 )
 
 __all__ = ["rnea", "bias_forces", "generalized_gravity", "rnea_flat"]
@@ -45,16 +42,10 @@ def rnea_flat(
     mt = ts.mt
     vT, aT = v.transpose(0, 1), a.transpose(0, 1)
     S = ts.S  # (nv, 6, B)
-    inertia = world_inertia(ts)
+    vt = velocity_terms(model, ts, vT, f_ext)
     mask_bd, mask_db = masks(model, q)
-    Sv = S * vT[:, None]
-    V = tree_sum(mask_bd, Sv)  # (nb, 6, B) body spatial velocities
-    # Each column moves with its body: d/dt S_d = V_body(d) x S_d.
-    dSv = motion_cross(V[model._dof_body], Sv)
-    A = tree_sum(mask_bd, S * aT[:, None] + dSv) + gravity_acceleration(mt)
-    F = inertia.apply(A) + force_cross(V, inertia.apply(V))
-    if f_ext is not None:
-        F = F - external_body_forces(model, ts, f_ext)
+    A = tree_sum(mask_bd, S * aT[:, None] + vt.c) + gravity_acceleration(mt)
+    F = vt.inertia.apply(A) + vt.bias
     tau = (S * tree_sum(mask_db, F)).sum(1)  # project subtree forces on each joint, (nv, B)
     if passive:
         tau = tau - passive_forces(model, mt, q.transpose(0, 1), vT)
