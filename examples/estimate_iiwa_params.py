@@ -27,7 +27,7 @@ below 5e-2 ("weak") they converge slowly and stay visibly off when the loss is a
 Outputs in ``--out`` (default ``results/estimate_iiwa``): ``results.json`` and
 ``estimate_iiwa.png`` (loss curve and per-parameter errors). Run::
 
-    python examples/estimate_iiwa_params.py            # ~2 min on 2 cores
+    python examples/estimate_iiwa_params.py            # ~1.5 min (one thread)
     python examples/estimate_iiwa_params.py --steps 400 --trajectories 8
 """
 
@@ -59,7 +59,7 @@ WEAKLY_IDENTIFIABLE = 5e-2
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=150, help="Adam iterations (default 150)")
+    ap.add_argument("--steps", type=int, default=300, help="Adam iterations (default 300)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=os.path.join("results", "estimate_iiwa"))
     ap.add_argument("--horizon", type=int, default=20, help="window length in steps (default 20 = 40 ms)")
@@ -69,7 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--windows", type=int, default=32, help="windows per Adam iteration (default 32)")
     ap.add_argument("--lr", type=float, default=0.05, help="Adam learning rate on the raw parameters")
     ap.add_argument("--noise", type=float, default=0.0, help="std of noise added to the observed q (rad) and v (rad/s)")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (default 1: at these sizes a second thread mostly waits)")
     ap.add_argument("--no-progress", action="store_true")
     return ap.parse_args(argv)
 

@@ -73,3 +73,8 @@ def test_throw_trajopt_both_optimisers_progress(tmp_path):
     cma = res["runs"]["CMA-ES"]
     assert cma["sim_steps"] == cma["iterations"] * cma["popsize"] * res["T"]
     assert adam["best_loss"] < 0.5 * res["loss_initial"]
+    # --equal-time: a second CMA-ES run limited by Adam's wall-clock time instead of the step budget.
+    same_time = res["runs"]["CMA-ES, Adam's wall time"]
+    assert same_time["iterations"] > 0 and same_time["wall_s"] >= adam["wall_s"]
+    if same_time["iterations"] >= cma["iterations"]:  # same seed: it then extends the budget run
+        assert same_time["best_loss"] <= cma["best_loss"]

@@ -1,5 +1,6 @@
 """diffmech: differentiable, learnable mechanics in PyTorch."""
 
+from . import sim
 from .dynamics import (
     aba,
     bias_forces,
@@ -21,7 +22,7 @@ from .model import JointSpec, LinkSpec, RobotModel, RobotSpec, load_urdf, parse_
 __version__ = "0.1.0"
 
 __all__ = [
-    "RobotModel", "RobotSpec", "LinkSpec", "JointSpec", "load_urdf", "parse_urdf",
+    "sim", "RobotModel", "RobotSpec", "LinkSpec", "JointSpec", "load_urdf", "parse_urdf",
     "forward_kinematics", "link_pose", "jacobian", "center_of_mass", "integrate",
     "rnea", "crba", "aba", "forward_dynamics", "bias_forces", "generalized_gravity",
     "kinetic_energy", "potential_energy",

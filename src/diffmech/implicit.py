@@ -198,7 +198,8 @@ class _ImplicitSolve(torch.autograd.Function):
         adjoint = list(all_params[n_explicit:])
         with torch.no_grad():
             J = _jac(ctx.fn, ctx.jacobian, x, explicit)
-            w = torch.linalg.solve(J.transpose(-1, -2), g[..., None])[..., 0]
+            lu, piv, _ = torch.linalg.lu_factor_ex(J)
+            w = torch.linalg.lu_solve(lu, piv, g[..., None], adjoint=True)[..., 0]  # J^T w = g
         with torch.enable_grad():
             leaves = [p.detach().requires_grad_(True) if needs[i] else p for i, p in enumerate(explicit)]
             r = ctx.fn(x.detach(), *leaves)

@@ -223,9 +223,11 @@ class _ForwardDynamics(torch.autograd.Function):
         grads: list[Tensor | None] = [None] * len(leaves)
         if wanted:
             with torch.enable_grad():
-                inputs = [t.detach().requires_grad_(True) if flags[i] else t for i, t in enumerate(leaves)]
+                # Detached: the saved tensors may carry upstream graphs (e.g. a rollout), which this VJP must not walk.
+                inputs = [None if t is None else (t.detach().requires_grad_(True) if flags[i] else t.detach())
+                          for i, t in enumerate(leaves)]
                 tau_id = rnea_flat(
-                    ctx.model, inputs[0], inputs[1], qdd, inputs[2], ctx.passive, mt=ModelTensors(*inputs[3:])
+                    ctx.model, inputs[0], inputs[1], qdd.detach(), inputs[2], ctx.passive, mt=ModelTensors(*inputs[3:])
                 )
                 got = torch.autograd.grad(tau_id, [inputs[i] for i in wanted], grad_outputs=-lam, allow_unused=True)
             for i, gi in zip(wanted, got):

@@ -423,8 +423,11 @@ class VariationalMidpoint(Integrator):
         q1 = q + dt * vm
         half, dt_dv = terms(vm, q, tau, damping, f_ext)
         p1 = dt_dv + half  # D2 L_d + F^+
-        M1 = robot.mass_matrix(q1)
-        v1 = torch.cholesky_solve(p1[..., None], torch.linalg.cholesky(M1))[..., 0]
+        L1, info = torch.linalg.cholesky_ex(robot.mass_matrix(q1))
+        if bool(info.any()):
+            raise ModelError(f"{context or 'variational_midpoint step'}: the mass matrix of '{robot.name}' is not "
+                             "positive definite (massless subtree?)")
+        v1 = torch.cholesky_solve(p1[..., None], L1)[..., 0]
         return q1, v1
 
 

@@ -127,8 +127,12 @@ class _ReplayedDynamics(torch.autograd.Function):
         q, v, qdd, f_ext = ctx.saved_tensors
         needs = ctx.needs_input_grad
         robot, params = ctx.robot, ctx.params
-        M = crba_flat(robot, q)
-        lam = torch.cholesky_solve(g[..., None], torch.linalg.cholesky(M))[..., 0]
+        # cholesky_ex: linalg.cholesky's error check costs ~10x the factorisation on tiny matrices
+        # when several threads are configured; a mass matrix is positive definite.
+        L, info = torch.linalg.cholesky_ex(crba_flat(robot, q))
+        if bool(info.any()):
+            raise SimulationError(f"rollout backward: the mass matrix of '{robot.name}' is not positive definite")
+        lam = torch.cholesky_solve(g[..., None], L)[..., 0]
         flags = [needs[2], needs[3], f_ext is not None and needs[5]]
         p_idx = [i for i in range(len(params)) if needs[7 + i]]
         out: list[Tensor | None] = [None, None, None]
