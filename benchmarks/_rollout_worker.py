@@ -14,6 +14,9 @@ Methods:
 
 * ``checkpoint``: ``diffmech.sim.rollout(..., adjoint="checkpoint", checkpoint_every=k)``;
 * ``autograd``: ``diffmech.sim.rollout(..., adjoint="autograd")``;
+* ``compiled``: ``diffmech.sim.rollout(..., adjoint="checkpoint", compile=True)``: each step and each
+  reverse step is one ``torch.compile``'d function (the warm-up call compiles; its time is reported
+  as ``warmup_s``);
 * ``drm``: differentiable-robot-model's ``compute_forward_dynamics`` (float64, joint damping on)
   inside the same semi-implicit Euler loop (``v += dt a; q += dt v``), backpropagated by plain
   autograd. Fixed-base robots only: differentiable-robot-model has no floating base.
@@ -43,7 +46,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 ROBOTS = ("iiwa", "laikago")
-METHODS = ("checkpoint", "autograd", "drm")
+METHODS = ("checkpoint", "autograd", "drm", "compiled")
 
 
 def robot_path(name: str) -> tuple[str, bool]:
@@ -108,10 +111,12 @@ def initial_state(robot, batch: int, seed: int):
 def _diffmech_runner(robot, method: str, k: int, dt: float):
     import diffmech.sim
 
-    adjoint = "checkpoint" if method == "checkpoint" else "autograd"
+    adjoint = "autograd" if method == "autograd" else "checkpoint"
+    compile = method == "compiled"
 
     def run(q0, v0, tau, stats=None):
-        Q, _ = diffmech.sim.rollout(robot, q0, v0, tau, dt, adjoint=adjoint, checkpoint_every=k, stats=stats)
+        Q, _ = diffmech.sim.rollout(robot, q0, v0, tau, dt, adjoint=adjoint, checkpoint_every=k, stats=stats,
+                                    compile=compile)
         return Q
 
     return run
@@ -157,6 +162,7 @@ def run_cell(cfg: dict) -> dict:
 
     import diffmech
 
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\._inductor")
     path, floating = robot_path(robot_name)
     robot = diffmech.load_urdf(path, floating_base=floating, dtype=torch.float64)
     if method == "drm":
@@ -181,7 +187,9 @@ def run_cell(cfg: dict) -> dict:
         times = {"forward_s": t1 - t0, "backward_s": t2 - t1, "forward_cpu_s": c1 - c0, "backward_cpu_s": c2 - c1}
         return times, stats, Q.detach()[:, -1], loss.detach(), (qa.grad, va.grad, tau.grad)
 
-    cell(min(T, 3))  # warm-up: lazy caches, thread pool, allocator arenas
+    w0 = time.perf_counter()
+    cell(min(T, 3))  # warm-up: lazy caches, thread pool, allocator arenas (and compilation)
+    warmup = time.perf_counter() - w0
     gc.collect()
     reset = _reset_peak()
     rss0 = (_status_kib("VmRSS") or 0) * 1024
@@ -196,7 +204,7 @@ def run_cell(cfg: dict) -> dict:
     gnorm = float(torch.sqrt(sum((g**2).sum() for g in grads)))
     return {
         **cfg, "batch": B, "T": T, "k": k, "dt": dt,
-        **times, "peak_growth_bytes": int(growth), "memory_method": how,
+        **times, "warmup_s": warmup, "peak_growth_bytes": int(growth), "memory_method": how,
         "rss_before_bytes": int(rss0), "loss": float(loss), "grad_norm": gnorm,
         "saved_state_bytes": stats.get("saved_state_bytes"), "recomputed_steps": stats.get("recomputed_steps"),
         "q_last": q_last[0].tolist(), "finite": bool(torch.isfinite(q_last).all()) and bool(gnorm == gnorm),

@@ -139,7 +139,8 @@ def diffmech_fn(robot, algo: str, impl: str, q, v, u, ee: str):
     return run
 
 
-COMPILED_NAME = {"rnea": "inverse_dynamics", "crba": "mass_matrix", "aba": "forward_dynamics"}
+COMPILED_NAME = {"rnea": "inverse_dynamics", "crba": "mass_matrix", "aba": "forward_dynamics",
+                 "grad": "forward_dynamics"}
 
 
 def compiled_fn(robot, algo: str, q, v, u, cache: dict, key):
@@ -153,17 +154,24 @@ def compiled_fn(robot, algo: str, q, v, u, cache: dict, key):
     from diffmech.dynamics import compiled
 
     if key not in cache:
-        cache[key] = compiled(robot, COMPILED_NAME[algo])
+        cache[key] = compiled(robot, COMPILED_NAME[algo], passive=False)
     cf = cache[key]
-    args = (q,) if algo == "crba" else (q, v, u)
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        cf(*args)
-    first = time.perf_counter() - t0
+    if algo == "grad":
+        # The same loss as the eager cell; the backward is the compiled VJP of ABA.
+        qg, vg, ug = (t.detach().clone().requires_grad_(True) for t in (q, v, u))
 
-    def run():
-        with torch.no_grad():
-            cf(*args)
+        def run():
+            qg.grad = vg.grad = ug.grad = None
+            cf(qg, vg, ug).square().sum().backward()
+    else:
+        args = (q,) if algo == "crba" else (q, v, u)
+
+        def run():
+            with torch.no_grad():
+                cf(*args)
+    t0 = time.perf_counter()
+    run()
+    first = time.perf_counter() - t0
     return run, first
 
 
@@ -294,12 +302,12 @@ def run(args) -> dict:
                     for impl, fn, note in cells:
                         add(robot_name, dtype, B, algo, impl, "ok", time_call(fn, args.budget, max_call=args.max_call),
                             note)
-                    if args.compile and algo in ("rnea", "crba", "aba"):
+                    if args.compile and algo in COMPILED_NAME:
                         try:
                             fn, cs = compiled_fn(robot, algo, q, v, u, compiled_cache, (robot_name, dtype, algo))
                             t = time_call(fn, args.budget, max_call=args.max_call)
                             add(robot_name, dtype, B, algo, "diffmech-compiled", "ok", t,
-                                f"diffmech.dynamics.compiled (chunk 1024, passive=True); first call {cs:.1f} s",
+                                f"diffmech.dynamics.compiled (chunk 1024, passive=False); first call {cs:.1f} s",
                                 compile_s=cs)
                         except Exception as e:  # a compiler failure is a result, not a crash
                             add(robot_name, dtype, B, algo, "diffmech-compiled", "error",
@@ -431,7 +439,9 @@ def evaluate_targets(records: list[dict]) -> list[dict]:
     for text, B, algo, peer, kind, thr in spec:
         row = {"target": text, "robot": "iiwa", "dtype": "float64", "batch": B, "algo": algo, "peer": peer,
                "threshold": thr, "kind": kind, "value": None, "value_best": None, "value_alt": None, "met": None,
-               "note": ""}
+               "value_compiled": None, "met_compiled": None, "note": ""}
+        comp = _find(records, "iiwa", "float64", B, algo, "diffmech-compiled")
+        comp = comp if comp is not None and "states_per_s" in comp else None
         ours = _find(records, "iiwa", "float64", B, algo, "diffmech")
         alt = _find(records, "iiwa", "float64", B, algo, "diffmech-alt") if algo == "aba" else None
         if ours is None or "states_per_s" not in ours:
@@ -443,6 +453,9 @@ def evaluate_targets(records: list[dict]) -> list[dict]:
             row["value_best"] = ours["min_seconds"]
             row["value_alt"] = alt["seconds"] if alt and "seconds" in alt else None
             row["met"] = row["value"] < thr
+            if comp is not None:
+                row["value_compiled"] = comp["seconds"]
+                row["met_compiled"] = comp["seconds"] < thr
         else:
             p = _find(records, "iiwa", "float64", B, algo, peer)
             if p is None or "states_per_s" not in p:
@@ -455,6 +468,9 @@ def evaluate_targets(records: list[dict]) -> list[dict]:
             if alt and "states_per_s" in alt:
                 row["value_alt"] = alt["states_per_s"] / p["states_per_s"]
             row["met"] = row["value"] >= thr
+            if comp is not None:
+                row["value_compiled"] = comp["states_per_s"] / p["states_per_s"]
+                row["met_compiled"] = row["value_compiled"] >= thr
         out.append(row)
     return out
 
@@ -586,6 +602,8 @@ def _target_value(t: dict) -> str:
         s = f"{t['value'] * 1e3:.2f} ms (aba; best rep {t['value_best'] * 1e3:.2f} ms)"
         if t["value_alt"] is not None:
             s += f", {t['value_alt'] * 1e3:.2f} ms (method='crba')"
+        if t.get("value_compiled") is not None:
+            s += f"; compiled {t['value_compiled'] * 1e3:.2f} ms ({_verdict_compiled(t)})"
         return s
     s = f"{fmt_ratio(t['value'])}"
     if t["algo"] == "aba":
@@ -593,7 +611,13 @@ def _target_value(t: dict) -> str:
     s += f" [best reps {fmt_ratio(t['value_best'])}]"
     if t["value_alt"] is not None:
         s += f", {fmt_ratio(t['value_alt'])} (method='crba')"
+    if t.get("value_compiled") is not None:
+        s += f"; compiled {fmt_ratio(t['value_compiled'])} ({_verdict_compiled(t)})"
     return s
+
+
+def _verdict_compiled(t: dict) -> str:
+    return {True: "met", False: "not met", None: "n/a"}[t.get("met_compiled")]
 
 
 def markers(section: str) -> tuple[str, str]:
@@ -623,16 +647,19 @@ def markdown(result: dict, section: str = "bench_dynamics") -> str:
         "",
         "### Targets (iiwa, float64, 2 threads)",
         "",
-        "| target | batch | measured: median ratio [ratio of the fastest repetitions] | verdict (median) |",
-        "| --- | ---: | --- | --- |",
+        "| target | batch | measured: median ratio [ratio of the fastest repetitions] | verdict eager (median) "
+        "| verdict compiled |",
+        "| --- | ---: | --- | --- | --- |",
     ]
     for t in result["targets"]:
-        lines.append(f"| {t['target']} | {t['batch']} | {_target_value(t)} | {_verdict(t)} |")
+        lines.append(f"| {t['target']} | {t['batch']} | {_target_value(t)} | {_verdict(t)} | "
+                     f"{_verdict_compiled(t)} |")
     lines += [
         "",
         "Ratios are diffmech's states/s over the peer's (above 1: diffmech is faster); "
         "\"aba\" is `forward_dynamics(method=\"aba\")` (the default), \"method='crba'\" the mass-matrix + Cholesky "
-        "variant.",
+        "variant; \"compiled\" is `diffmech.dynamics.compiled` (torch.compile; its gradient is the compiled "
+        "VJP of ABA) in the same run, after its first (compiling) call.",
         "",
         "### States per second (ratio diffmech / column in brackets)",
         "",

@@ -52,9 +52,9 @@ T_QUICK = (50, 100)
 THREADS = 2
 # (robot, batch, methods); differentiable-robot-model has no floating base.
 CONFIGS_FULL = [
-    ("iiwa", 1, ("checkpoint", "autograd", "drm")),
-    ("laikago", 1, ("checkpoint", "autograd")),
-    ("laikago", 10, ("checkpoint", "autograd")),
+    ("iiwa", 1, ("checkpoint", "compiled", "autograd", "drm")),
+    ("laikago", 1, ("checkpoint", "compiled", "autograd")),
+    ("laikago", 10, ("checkpoint", "compiled", "autograd")),
 ]
 CONFIGS_QUICK = [("iiwa", 1, ("checkpoint", "autograd", "drm"))]
 K_FULL, K_T_FULL = (1, 10, 100), 2000
@@ -63,7 +63,8 @@ THREAD_CELLS = [("iiwa", 1, 2000), ("laikago", 10, 500)]
 K_QUICK, K_T_QUICK = (1, 10), 100
 T_TARGET = 2000  # the targets are stated at 2000 steps
 
-LABEL = {"checkpoint": "diffmech checkpoint", "autograd": "diffmech autograd", "drm": "DRM autograd"}
+LABEL = {"checkpoint": "diffmech checkpoint", "compiled": "diffmech checkpoint, compiled",
+         "autograd": "diffmech autograd", "drm": "DRM autograd"}
 MARK_START, MARK_END = "<!-- bench_rollout:start -->", "<!-- bench_rollout:end -->"
 MiB = 2.0**20
 
@@ -110,6 +111,14 @@ def skip_reason(prev: dict | None, T: int, budget: float, mem_cap: float) -> str
 
 def run_series(robot: str, batch: int, method: str, Ts, budget: float, mem_cap: float, log,
                k: int = 1) -> list[dict]:
+    if method == "compiled":
+        # Compiling takes about a minute per process: one process runs the whole series (the peak
+        # counter is still reset per cell; these rollouts keep only their states).
+        cfgs = [{"method": method, "robot": robot, "batch": batch, "T": T, "k": k, "threads": THREADS} for T in Ts]
+        out = run_worker(cfgs, timeout=max(6 * budget, 600))
+        for r in out:
+            log(r)
+        return out
     out, prev = [], None
     for T in Ts:
         cfg = {"method": method, "robot": robot, "batch": batch, "T": T, "k": k, "threads": THREADS}
@@ -203,33 +212,37 @@ def targets(results: list[dict], kres: list[dict], T_t: int) -> list[dict]:
         row(f"iiwa: peak memory at {T_t} steps, checkpoint / diffmech autograd", f"{100 * ck_mem / ag_mem:.3f} %",
             "(reported)", None, f"{ag_mem / MiB:.1f} MiB for autograd" + (" (extrapolated)" if ag_mem_x else ""))
 
-    ck_t, _ = at_T(results, "iiwa", 1, "checkpoint", T_t, total_s)
     drm_t, drm_t_x = at_T(results, "iiwa", 1, "drm", T_t, total_s)
     ag_t, ag_t_x = at_T(results, "iiwa", 1, "autograd", T_t, total_s)
-    if ck_t and drm_t:
-        row(f"iiwa: forward+backward at {T_t} steps, DRM autograd / checkpoint", f"{drm_t / ck_t:.1f}x", ">= 10x",
-            drm_t / ck_t >= 10, f"{drm_t:.1f} s vs {ck_t:.1f} s" + (" (DRM extrapolated)" if drm_t_x else ""))
-    if ck_t and ag_t:
-        row(f"iiwa: forward+backward at {T_t} steps, diffmech autograd / checkpoint", f"{ag_t / ck_t:.2f}x", "> 1x",
-            ag_t / ck_t > 1, f"{ag_t:.1f} s vs {ck_t:.1f} s" + (" (autograd extrapolated)" if ag_t_x else ""))
+    for ck in ("checkpoint", "compiled"):
+        ck_t, _ = at_T(results, "iiwa", 1, ck, T_t, total_s)
+        if ck_t and drm_t:
+            row(f"iiwa: forward+backward at {T_t} steps, DRM autograd / {LABEL[ck]}", f"{drm_t / ck_t:.1f}x",
+                ">= 10x", drm_t / ck_t >= 10,
+                f"{drm_t:.1f} s vs {ck_t:.1f} s" + (" (DRM extrapolated)" if drm_t_x else ""))
+        if ck_t and ag_t:
+            row(f"iiwa: forward+backward at {T_t} steps, diffmech autograd / {LABEL[ck]}", f"{ag_t / ck_t:.2f}x",
+                "> 1x", ag_t / ck_t > 1,
+                f"{ag_t:.1f} s vs {ck_t:.1f} s" + (" (autograd extrapolated)" if ag_t_x else ""))
 
     for robot, batch in (("iiwa", 1), ("laikago", 1), ("laikago", 10)):
-        cells = [r for r in results if r.get("robot") == robot and r.get("batch") == batch
-                 and r.get("method") == "checkpoint" and r.get("k", 1) == 1 and ok(r)]
-        if not cells:
-            continue
-        ratios = [r["backward_s"] / r["forward_s"] for r in cells]
-        per_step = [r["backward_s"] / r["T"] for r in cells if r["T"] >= 100]
-        row(f"{robot} x{batch}: checkpoint backward / forward per step (all T)",
-            f"{min(ratios):.2f} - {max(ratios):.2f}", "<= 3", max(ratios) <= 3,
-            "CPU-time ratio " + ", ".join(f"{r['backward_cpu_s'] / r['forward_cpu_s']:.2f}" for r in cells))
-        if len(per_step) >= 2:
-            flat = max(per_step) / min(per_step)
-            row(f"{robot} x{batch}: checkpoint backward per step, max / min over T >= 100", f"{flat:.2f}",
-                "flat (<= 1.5)", flat <= 1.5,
-                "ms/step " + ", ".join(f"{1e3 * p:.2f}" for p in per_step))
+        for ck in ("checkpoint", "compiled"):
+            cells = [r for r in results if r.get("robot") == robot and r.get("batch") == batch
+                     and r.get("method") == ck and r.get("k", 1) == 1 and ok(r)]
+            if not cells:
+                continue
+            ratios = [r["backward_s"] / r["forward_s"] for r in cells]
+            per_step = [r["backward_s"] / r["T"] for r in cells if r["T"] >= 100]
+            row(f"{robot} x{batch}: {LABEL[ck]}, backward / forward per step (all T)",
+                f"{min(ratios):.2f} - {max(ratios):.2f}", "<= 3", max(ratios) <= 3,
+                "CPU-time ratio " + ", ".join(f"{r['backward_cpu_s'] / r['forward_cpu_s']:.2f}" for r in cells))
+            if len(per_step) >= 2:
+                flat = max(per_step) / min(per_step)
+                row(f"{robot} x{batch}: {LABEL[ck]}, backward per step, max / min over T >= 100", f"{flat:.2f}",
+                    "flat (<= 1.5)", flat <= 1.5,
+                    "ms/step " + ", ".join(f"{1e3 * p:.2f}" for p in per_step))
 
-    for method in ("checkpoint", "autograd"):
+    for method in ("checkpoint", "compiled", "autograd"):
         T_b = max((r["T"] for r in results if r.get("robot") == "laikago" and r.get("method") == method
                    and ok(r) and ok(find(results, robot="laikago", batch=1, method=method, T=r["T"], k=1))
                    and ok(find(results, robot="laikago", batch=10, method=method, T=r["T"], k=1))), default=None)
@@ -355,6 +368,14 @@ def target_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _warmups(cells: list[dict]) -> str:
+    seen = {}
+    for r in cells:
+        if r.get("method") == "compiled" and ok(r) and "warmup_s" in r:
+            seen.setdefault(f"{r['robot']} x{r['batch']}", r["warmup_s"])
+    return ", ".join(f"{k} {v:.0f} s" for k, v in seen.items()) or "n/a"
+
+
 def markdown(report: dict, configs, Ts) -> str:
     m = report["machine"]
     skipped = [f"{r['robot']} x{r['batch']} {LABEL[r['method']]} T={r['T']}: {r['skipped'].removeprefix('skipped ')}"
@@ -386,10 +407,13 @@ def markdown(report: dict, configs, Ts) -> str:
         + (" **The simulation/dynamics sources changed during this run: cells mix code versions.**"
            if report.get("code_changed_during_run") else ""),
         "",
-        "> Measured while other jobs loaded the 2 cores (wall times are inflated and noisy; the CPU-time "
-        "columns in `benchmarks/results/bench_rollout.json` are less affected), and while the rollout code was "
-        "still changing (the JSON fingerprints the simulation and dynamics sources at the start and the end "
-        "of the run). The lead will re-run on a quiet machine.",
+        ("> Measured while other jobs loaded the 2 cores (load average above 1 at the start or the end): wall "
+         "times are inflated and noisy; the CPU-time columns in `benchmarks/results/bench_rollout.json` are "
+         "less affected.\n" if max(report["load_before"][0], report["load_after"][0]) > 1.0 else ""),
+        "*diffmech checkpoint, compiled*: `rollout(..., compile=True)`: the forward step and the reverse step's "
+        "VJP are each one `torch.compile`'d function (`diffmech.sim.compiled_step`); compiled once per process "
+        "and batch size before the timed run (first-call seconds: " + _warmups(report["cells"]) + "); its "
+        "cells of one robot/batch run in one process, so each pays the compilation once.",
         "",
         "Two threads on tiny operations: at one robot per batch every operation works on a few 3-vectors and "
         "7x7 matrices; an operation that PyTorch parallelises then waits for the second thread, and on a loaded "

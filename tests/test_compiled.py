@@ -53,3 +53,79 @@ def test_torch_compile_matches_eager(robot):
     tau = torch.randn(8, robot.nv, dtype=torch.float64, generator=g)
     f = compiled(robot, chunk=4)
     torch.testing.assert_close(f(q, v, tau), robot.forward_dynamics(q, v, tau), atol=1e-10, rtol=1e-10)
+
+
+@pytest.fixture
+def learnable_robot():
+    from diffmech.model.params import PositiveScalar
+
+    r = systems.n_link_pendulum(3)
+    r.make_link_param_learnable("link1", "mass", PositiveScalar())
+    r.make_link_param_learnable("link2", "com")
+    r.make_link_param_learnable("link2", "damping")
+    return r
+
+
+@pytest.mark.parametrize("algorithm", ["forward_dynamics", "inverse_dynamics", "mass_matrix"])
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_vjp_backward_matches_autograd(learnable_robot, algorithm, chunk):
+    """The VJP backward (chunked, with a padded last piece) gives the eager gradients w.r.t. the
+    states and every learnable parameter."""
+    robot = learnable_robot
+    g = torch.Generator().manual_seed(3)
+    B = 10
+    q = robot.random_configuration(B, generator=g).requires_grad_()
+    v = torch.randn(B, robot.nv, dtype=torch.float64, generator=g, requires_grad=True)
+    u = torch.randn(B, robot.nv, dtype=torch.float64, generator=g, requires_grad=True)
+    args = (q,) if algorithm == "mass_matrix" else (q, v, u)
+    params = [p for p in robot.parameters() if p.requires_grad]
+    assert len(params) == 3
+    f = compiled(robot, algorithm, chunk=chunk, compile=False)
+    w = torch.randn_like(getattr(robot, algorithm)(*args), dtype=torch.float64)
+    y1 = f(*args)
+    g1 = torch.autograd.grad((w * y1).sum(), [*args, *params], allow_unused=True)
+    y2 = getattr(robot, algorithm)(*args)
+    g2 = torch.autograd.grad((w * y2).sum(), [*args, *params], allow_unused=True)
+    torch.testing.assert_close(y1, y2, atol=1e-12, rtol=1e-12)
+    for a, b in zip(g1, g2):
+        if b is None:  # e.g. the mass matrix does not depend on damping
+            assert a is None or float(a.abs().max()) == 0.0
+        else:
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+def test_only_needed_cotangents_are_computed(robot):
+    q = robot.random_configuration(5)
+    v = torch.randn(5, robot.nv, dtype=torch.float64)
+    tau = torch.randn(5, robot.nv, dtype=torch.float64, requires_grad=True)
+    f = compiled(robot, compile=False)
+    (gt,) = torch.autograd.grad(f(q, v, tau).sum(), tau)
+    # d qdd / d tau = M^-1: the cotangent of a sum is M^-1 applied to ones.
+    M = robot.mass_matrix(q)
+    torch.testing.assert_close(gt, torch.linalg.solve(M, torch.ones_like(tau)), atol=1e-12, rtol=1e-12)
+    with torch.no_grad():
+        assert not f(q, v, tau).requires_grad
+
+
+def test_bad_shapes_and_mixed_batches(robot):
+    f = compiled(robot, compile=False)
+    z = torch.zeros(3, 3, dtype=torch.float64)
+    with pytest.raises(diffmech.ShapeError, match="'v' is"):
+        f(z, torch.zeros(4, 3, dtype=torch.float64), z)
+    with pytest.raises(diffmech.ShapeError, match="chunk"):
+        compiled(robot, chunk=0)
+
+
+@pytest.mark.slow
+def test_torch_compile_gradients_match_eager(learnable_robot):
+    robot = learnable_robot
+    g = torch.Generator().manual_seed(4)
+    q = robot.random_configuration(8, generator=g).requires_grad_()
+    v = torch.randn(8, robot.nv, dtype=torch.float64, generator=g, requires_grad=True)
+    tau = torch.randn(8, robot.nv, dtype=torch.float64, generator=g, requires_grad=True)
+    params = [p for p in robot.parameters() if p.requires_grad]
+    f = compiled(robot, chunk=4)
+    g1 = torch.autograd.grad(f(q, v, tau).square().sum(), [q, v, tau, *params])
+    g2 = torch.autograd.grad(robot.forward_dynamics(q, v, tau).square().sum(), [q, v, tau, *params])
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)

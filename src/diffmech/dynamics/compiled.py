@@ -1,32 +1,186 @@
-"""Compiled, chunked batch evaluation of the rigid-body algorithms.
+"""Compiled, chunked batch evaluation of the rigid-body algorithms, with a compiled backward.
 
 Eager PyTorch pays a fixed cost per operation and, at large batches, streams every intermediate
 through memory. ``torch.compile`` fuses the batch-last elementwise code into a few loops, and
 cutting a large batch into cache-sized chunks keeps the working set in cache. Each chunk has the
 same shape (the last one is padded), so one compiled graph serves every batch size at or above the
-chunk size. Measured figures are in BENCHMARKS.md.
+chunk size.
+
+The backward pass is compiled too: it is ``torch.func.vjp`` of the same algorithm, traced once
+per pattern of inputs that need a gradient. The model's parameters enter as the
+:class:`~diffmech.model.robot.ModelTensors` fields, computed eagerly outside the compiled region
+(so learnable parameters and their parametrizations keep their ordinary autograd graph), and the
+compiled VJP returns the cotangents of those fields. Measured figures are in BENCHMARKS.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from ..errors import ShapeError
-from ..model.robot import RobotModel
-from .aba import forward_dynamics_flat
+from ..model.robot import ModelTensors, RobotModel
+from ._common import tree_state
+from .aba import aba_flat
 from .crba import crba_flat
 from .rnea import rnea_flat
 
-__all__ = ["compiled"]
+__all__ = ["compiled", "CompiledDynamics"]
 
-_ALGORITHMS = {
-    "forward_dynamics": (3, lambda m, q, v, u: forward_dynamics_flat(m, q, v, u)),
-    "inverse_dynamics": (3, lambda m, q, v, u: rnea_flat(m, q, v, u)),
-    "mass_matrix": (1, lambda m, q: crba_flat(m, q)),
+
+def _fd(model, mt, passive, q, v, u):
+    return aba_flat(model, q, v, u, None, passive, mt)
+
+
+def _id(model, mt, passive, q, v, a):
+    return rnea_flat(model, q, v, a, None, passive, mt)
+
+
+def _mm(model, mt, passive, q):
+    return crba_flat(model, q, tree_state(model, q, mt))
+
+
+_ALGORITHMS: dict[str, tuple[int, Callable]] = {
+    "forward_dynamics": (3, _fd),
+    "inverse_dynamics": (3, _id),
+    "mass_matrix": (1, _mm),
 }
+
+
+class CompiledDynamics:
+    """A compiled rigid-body algorithm on flat batches, differentiable through a compiled VJP.
+
+    Call it like the algorithm (``f(q, v, tau) -> qdd`` etc.); see :func:`compiled`.
+    """
+
+    def __init__(self, model: RobotModel, algorithm: str, chunk: int | None, compile: bool, passive: bool,
+                 compile_options: dict):
+        if algorithm not in _ALGORITHMS:
+            raise ShapeError(f"compiled: unknown algorithm '{algorithm}'; choose from {sorted(_ALGORITHMS)}")
+        if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
+            raise ShapeError(f"compiled: chunk must be a positive integer or None, got {chunk!r}")
+        self.model, self.algorithm, self.chunk, self.passive = model, algorithm, chunk, bool(passive)
+        self.compiled = bool(compile)
+        self.n_args, fn = _ALGORITHMS[algorithm]
+        self.sizes = [model.nq, model.nv, model.nv][: self.n_args]
+        n = self.n_args
+        passive = self.passive
+
+        def forward(*tensors: Tensor) -> Tensor:
+            return fn(model, ModelTensors(*tensors[n:]), passive, *tensors[:n])
+
+        def vjp(*tensors: Tensor, needs: tuple[bool, ...]) -> tuple[Tensor, ...]:
+            prim, g = tensors[:-1], tensors[-1]
+            idx = [i for i, f in enumerate(needs) if f]
+
+            def f(*diff: Tensor) -> Tensor:
+                full = list(prim)
+                for i, d in zip(idx, diff):
+                    full[i] = d
+                return fn(model, ModelTensors(*full[n:]), passive, *full[:n])
+
+            _, pull = torch.func.vjp(f, *[prim[i] for i in idx])
+            return pull(g)
+
+        compile_options.setdefault("dynamic", False)
+        self._forward = torch.compile(forward, **compile_options) if compile else forward
+        self._vjp = torch.compile(vjp, **compile_options) if compile else vjp
+
+    # ------------------------------------------------------------------ evaluation
+    def _pieces(self, B: int) -> list[tuple[int, int]]:
+        if self.chunk is None or B <= self.chunk:
+            return [(0, B)]
+        return [(s, min(s + self.chunk, B)) for s in range(0, B, self.chunk)]
+
+    def _pad(self, t: Tensor, s: int, e: int) -> Tensor:
+        """Rows ``s:e`` of ``t``, padded to the chunk size with copies of the last row."""
+        part = t[s:e]
+        if self.chunk is not None and e - s < self.chunk and t.shape[0] > self.chunk:
+            part = torch.cat([part, part[-1:].expand(self.chunk - (e - s), *part.shape[1:])])
+        return part
+
+    def evaluate(self, args: Sequence[Tensor], mt: Sequence[Tensor]) -> Tensor:
+        """The algorithm's value without a graph, chunk by chunk."""
+        B = args[0].shape[0]
+        with torch.no_grad():
+            outs = [self._forward(*[self._pad(a, s, e) for a in args], *mt)[: e - s] for s, e in self._pieces(B)]
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def pullback(self, args: Sequence[Tensor], mt: Sequence[Tensor], g: Tensor,
+                 needs: Sequence[bool]) -> list[Tensor | None]:
+        """Cotangents of ``(*args, *mt)`` for the output cotangent ``g`` (``None`` where not needed);
+        the model-tensor cotangents are summed over the batch."""
+        needs = tuple(bool(x) for x in needs)
+        out: list[Tensor | None] = [None] * len(needs)
+        if not any(needs):
+            return out
+        n, B = self.n_args, args[0].shape[0]
+        idx = [i for i, f in enumerate(needs) if f]
+        arg_parts: dict[int, list[Tensor]] = {i: [] for i in idx if i < n}
+        for s, e in self._pieces(B):
+            gp = g[s:e]
+            if self.chunk is not None and e - s < self.chunk and B > self.chunk:
+                # Padded rows get a zero cotangent: they add nothing to the parameter cotangents.
+                gp = torch.cat([gp, gp.new_zeros(self.chunk - (e - s), *gp.shape[1:])])
+            got = self._vjp(*[self._pad(a, s, e) for a in args], *mt, gp.contiguous(), needs=needs)
+            for i, gi in zip(idx, got):
+                if i < n:
+                    arg_parts[i].append(gi[: e - s])
+                else:
+                    out[i] = gi if out[i] is None else out[i] + gi
+        for i, parts in arg_parts.items():
+            out[i] = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return out
+
+    def apply(self, args: Sequence[Tensor], mt: Sequence[Tensor], value: Tensor | None = None) -> Tensor:
+        """Evaluate with autograd support; ``value``, if given, is the already known output
+        (its backward is still the compiled VJP at ``args``)."""
+        tensors = [*args, *mt]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return _Compiled.apply(self, value, *tensors)
+        return value if value is not None else self.evaluate(args, mt)
+
+    def check(self, args: Sequence[Tensor]) -> None:
+        if len(args) != self.n_args:
+            raise ShapeError(f"compiled {self.algorithm}: expected {self.n_args} tensors, got {len(args)}")
+        ref = args[0]
+        for name, t, n in zip(("q", "v", "u"), args, self.sizes):
+            if not isinstance(t, Tensor):
+                raise ShapeError(f"compiled {self.algorithm}: '{name}' must be a tensor, got {type(t).__name__}")
+            if t.dim() != 2 or t.shape[1] != n:
+                raise ShapeError(
+                    f"compiled {self.algorithm}: '{name}' must have shape (B, {n}), got {tuple(t.shape)}")
+            if t.shape[0] != ref.shape[0] or t.dtype != ref.dtype or t.device != ref.device:
+                raise ShapeError(
+                    f"compiled {self.algorithm}: '{name}' is {tuple(t.shape)} {t.dtype} on {t.device} but 'q' is "
+                    f"{tuple(ref.shape)} {ref.dtype} on {ref.device}; pass one batch size, dtype and device")
+
+    def __call__(self, *args: Tensor) -> Tensor:
+        self.check(args)
+        mt = self.model.model_tensors(args[0].dtype, args[0].device)
+        return self.apply(args, tuple(mt))
+
+    def __repr__(self) -> str:
+        return f"CompiledDynamics({self.model.name!r}, {self.algorithm!r}, chunk={self.chunk})"
+
+
+class _Compiled(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, dyn: CompiledDynamics, value: Tensor | None, *tensors: Tensor) -> Tensor:
+        args, mt = tensors[: dyn.n_args], tensors[dyn.n_args:]
+        ctx.dyn = dyn
+        ctx.save_for_backward(*tensors)
+        return value.clone() if value is not None else dyn.evaluate(args, mt)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g: Tensor):
+        dyn = ctx.dyn
+        tensors = ctx.saved_tensors
+        grads = dyn.pullback(tensors[: dyn.n_args], tensors[dyn.n_args:], g, ctx.needs_input_grad[2:])
+        return (None, None, *grads)
 
 
 def compiled(
@@ -35,52 +189,29 @@ def compiled(
     *,
     chunk: int | None = 1024,
     compile: bool = True,
+    passive: bool = True,
     **compile_options,
-) -> Callable[..., Tensor]:
-    """A compiled function evaluating ``algorithm`` on flat batches.
+) -> CompiledDynamics:
+    """A compiled function evaluating ``algorithm`` on flat batches, with a compiled backward.
 
     Args:
-        model: the robot (its parameters are read at every call, so learnable parameters work).
-        algorithm: ``"forward_dynamics"`` (``f(q, v, tau) -> qdd``), ``"inverse_dynamics"``
+        model: the robot (its parameters are read at every call, so learnable parameters work and
+            receive gradients).
+        algorithm: ``"forward_dynamics"`` (``f(q, v, tau) -> qdd``, by ABA), ``"inverse_dynamics"``
             (``f(q, v, a) -> tau``) or ``"mass_matrix"`` (``f(q) -> M``).
         chunk: batch rows per compiled call; larger batches are split (the last piece padded), so
             one graph is compiled. ``None`` compiles each batch size as it comes.
-        compile: ``False`` keeps the chunking but runs eagerly (for comparison and debugging).
+        compile: ``False`` keeps the chunking and the VJP backward but runs eagerly (for
+            comparison and debugging).
+        passive: include the model's joint damping and springs (as the eager methods).
         **compile_options: passed to ``torch.compile`` (default ``dynamic=False``).
 
     Returns:
-        A function of flat ``(B, n)`` tensors returning ``(B, nv)`` (``(B, nv, nv)`` for the mass
-        matrix). The first call for a new shape compiles (tens of seconds on CPU).
+        A :class:`CompiledDynamics`: a function of flat ``(B, n)`` tensors (one dtype, device and
+        batch size) returning ``(B, nv)`` (``(B, nv, nv)`` for the mass matrix). Gradients w.r.t.
+        the inputs and the model's parameters come from a compiled ``torch.func.vjp`` of the
+        algorithm (first order only: a second backward raises). The first call for a new shape, and
+        the first backward for a new pattern of inputs needing gradients, compile (tens of seconds on
+        CPU; later processes reuse torch's on-disk cache).
     """
-    if algorithm not in _ALGORITHMS:
-        raise ShapeError(f"compiled: unknown algorithm '{algorithm}'; choose from {sorted(_ALGORITHMS)}")
-    n_args, fn = _ALGORITHMS[algorithm]
-    sizes = [model.nq, model.nv, model.nv][:n_args]
-    compile_options.setdefault("dynamic", False)
-
-    def body(*args: Tensor) -> Tensor:
-        return fn(model, *args)
-
-    run = torch.compile(body, **compile_options) if compile else body
-
-    def call(*args: Tensor) -> Tensor:
-        if len(args) != n_args:
-            raise ShapeError(f"compiled {algorithm}: expected {n_args} tensors, got {len(args)}")
-        for name, t, n in zip(("q", "v", "u"), args, sizes):
-            if t.dim() != 2 or t.shape[1] != n:
-                raise ShapeError(f"compiled {algorithm}: '{name}' must have shape (B, {n}), got {tuple(t.shape)}")
-        B = args[0].shape[0]
-        if chunk is None or B <= chunk:
-            return run(*args)
-        outs = []
-        for start in range(0, B, chunk):
-            part = [t[start:start + chunk] for t in args]
-            rows = part[0].shape[0]
-            if rows < chunk:  # pad with copies of the last row so the compiled shape is reused
-                part = [torch.cat([t, t[-1:].expand(chunk - rows, -1)]) for t in part]
-                outs.append(run(*part)[:rows])
-            else:
-                outs.append(run(*part))
-        return torch.cat(outs)
-
-    return call
+    return CompiledDynamics(model, algorithm, chunk, compile, passive, dict(compile_options))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -27,10 +28,12 @@ import torch
 from torch import Tensor, nn
 
 from ..dynamics.aba import forward_dynamics_flat
+from ..dynamics.compiled import CompiledDynamics, compiled
 from ..dynamics.crba import crba_flat
 from ..dynamics.rnea import rnea_flat
 from ..errors import ShapeError, SimulationError
 from ..model.robot import RobotModel
+from .compiled_step import CompiledStep
 from .integrators import Integrator, get_integrator
 
 __all__ = ["rollout", "ADJOINTS"]
@@ -55,6 +58,9 @@ class _Config:
     progress: bool
     stats: dict | None
     record: bool = False  # keep the forward-dynamics values for the backward pass
+    dyn: CompiledDynamics | None = None  # compiled forward dynamics (``compile=True``)
+    mt: tuple = ()  # the model tensors the compiled dynamics read in the forward pass
+    cstep: CompiledStep | None = None  # compiled step and step VJP (compile=True, tensor controls)
     extras: dict = field(default_factory=dict)
 
     @property
@@ -161,8 +167,11 @@ class _Tape:
     next evaluation of that step.
     """
 
-    def __init__(self, cfg: _Config, A: Tensor, params: Sequence[Tensor] = ()):
+    def __init__(self, cfg: _Config, A: Tensor, params: Sequence[Tensor] = (), mt: Sequence[Tensor] | None = None):
         self.robot, self.passive, self.A, self.params = cfg.robot, cfg.passive, A, tuple(params)
+        self.dyn = cfg.dyn
+        # Compiled dynamics read the model tensors (leaves of the backward pass), not the parameters.
+        self.mt = tuple(mt) if mt is not None else cfg.mt
         self.k = 0
         self.s = 0
 
@@ -171,7 +180,10 @@ class _Tape:
         return self
 
     def record(self, q, v, tau, f_ext):
-        a = forward_dynamics_flat(self.robot, q, v, tau, f_ext, self.passive, "aba", True)
+        if self.dyn is not None:
+            a = self.dyn.evaluate((q, v, tau), self.mt)
+        else:
+            a = forward_dynamics_flat(self.robot, q, v, tau, f_ext, self.passive, "aba", True)
         self.A[self.k, self.s] = a
         self.s += 1
         return a
@@ -179,6 +191,8 @@ class _Tape:
     def replay(self, q, v, tau, f_ext):
         a = self.A[self.k, self.s]
         self.s += 1
+        if self.dyn is not None:
+            return self.dyn.apply((q, v, tau), self.mt, value=a)
         return _ReplayedDynamics.apply(self.robot, self.passive, q, v, tau, f_ext, a, *self.params)
 
 
@@ -191,18 +205,30 @@ def _simulate(cfg: _Config, q0, v0, tau, f_ext, Q, V, start: int, stop: int, che
     q, v = q0, v0
     last = start
     implicit = integ.implicit
-    accel = tape.record if tape is not None else None
+    accel = tape.record if tape is not None else _plain_accel(cfg)
     for k in _steps_iter(cfg, start, stop, "rollout") if show else range(start, stop):
         u = _control(cfg, tau, k, q, v)
         fe = None if f_ext is None else f_ext[:, k]
         if tape is not None:
             tape.seek(k - offset)
-        q, v = integ.step_flat(robot, q, v, u, dt, fe, passive, context=f"step {k}" if implicit else "", accel=accel)
+        if cfg.cstep is not None:
+            q, v = cfg.cstep.step(q, v, u, cfg.mt)
+        else:
+            q, v = integ.step_flat(robot, q, v, u, dt, fe, passive, context=f"step {k}" if implicit else "",
+                                   accel=accel)
         Q[:, k + 1 - offset] = q
         V[:, k + 1 - offset] = v
         if check and (k + 1 - last >= _CHECK_EVERY or k + 1 == stop):
             _check_finite(cfg, Q[:, last + 1 - offset:k + 2 - offset], V[:, last + 1 - offset:k + 2 - offset], last + 1)
             last = k + 1
+
+
+def _plain_accel(cfg: _Config) -> Callable | None:
+    """The forward dynamics of a rollout without a tape: the compiled function, or the default."""
+    if cfg.dyn is None:
+        return None
+    dyn, mt = cfg.dyn, cfg.mt
+    return lambda q, v, tau, f_ext: dyn.apply((q, v, tau), mt)
 
 
 class _CheckpointRollout(torch.autograd.Function):
@@ -220,7 +246,7 @@ class _CheckpointRollout(torch.autograd.Function):
         K = cfg.checkpoint_every
         S = cfg.integ.accel_calls
         tape = None
-        if cfg.record and K == 1 and S:
+        if cfg.record and K == 1 and S and cfg.cstep is None:
             tape = _Tape(cfg, q0.new_empty(T, S, B, robot.nv))
         _simulate(cfg, q0, v0, tau, f_ext, Q, V, 0, T, check=True, tape=tape)
         ctx.accels = tape.A if tape is not None else None
@@ -262,12 +288,21 @@ class _CheckpointRollout(torch.autograd.Function):
         recomputed = 0
         S = integ.accel_calls
         model_params = [p for p in params if any(p is r for r in robot.parameters())]
+        mt_leaves, mt_graph, mt_idx, g_mt = None, None, [], []
+        if cfg.dyn is not None:
+            # Compiled steps differentiate the model tensors; one VJP at the end maps their summed
+            # cotangents to the parameters (the tensors do not depend on the state).
+            with torch.enable_grad():
+                mt_graph = tuple(robot.model_tensors(Qs.dtype, Qs.device))
+            mt_idx = [i for i, t in enumerate(mt_graph) if t.requires_grad]
+            mt_leaves = tuple(t.detach().requires_grad_(i in mt_idx) for i, t in enumerate(mt_graph))
+            g_mt = [None] * len(mt_idx)
         bar = None
         if cfg.progress:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=T, desc="rollout backward", leave=False)
-        tape = _Tape(cfg, ctx.accels, model_params) if ctx.accels is not None else None
+        tape = _Tape(cfg, ctx.accels, model_params, mt_leaves) if ctx.accels is not None else None
         for s in reversed(range(0, T, K)):
             e = min(s + K, T)
             if K == 1:
@@ -279,13 +314,26 @@ class _CheckpointRollout(torch.autograd.Function):
                 Vseg = Vs.new_empty(B, e - s + 1, robot.nv)
                 Qseg[:, 0] = Qs[:, s // K]
                 Vseg[:, 0] = Vs[:, s // K]
-                tape = _Tape(cfg, Qs.new_empty(e - s, S, B, robot.nv), model_params) if S else None
+                tape = _Tape(cfg, Qs.new_empty(e - s, S, B, robot.nv), model_params, mt_leaves) if S else None
                 with torch.no_grad():
                     _simulate(cfg, Qseg[:, 0], Vseg[:, 0], tau, f_ext, Qseg, Vseg, s, e, check=False, tape=tape,
                               offset=s, show=False)
                 recomputed += e - s
                 off = s
             for k in range(e - 1, s - 1, -1):
+                if cfg.cstep is not None:
+                    # One compiled call per reverse step: the VJP of the whole step.
+                    got = cfg.cstep.vjp(Qseg[:, k - off], Vseg[:, k - off], tau[:, k], mt_leaves, aq, av,
+                                        (True, True, need_tau, *[i in mt_idx for i in range(len(mt_leaves))]))
+                    aq = got[0] + gQ[:, k]
+                    av = got[1] + gV[:, k]
+                    if need_tau:
+                        g_tau[:, k] = got[2]
+                    for j, i in enumerate(mt_idx):
+                        g_mt[j] = got[3 + i] if g_mt[j] is None else g_mt[j] + got[3 + i]
+                    if bar is not None:
+                        bar.update(1)
+                    continue
                 with torch.enable_grad():
                     qk = Qseg[:, k - off].detach().requires_grad_(True)
                     vk = Vseg[:, k - off].detach().requires_grad_(True)
@@ -304,7 +352,13 @@ class _CheckpointRollout(torch.autograd.Function):
                     if need_f:
                         inputs.append(fe)
                     inputs.extend(p_need)
+                    inputs.extend(mt_leaves[i] for i in mt_idx)
                     grads = torch.autograd.grad((q1, v1), inputs, (aq, av), allow_unused=True)
+                if mt_idx:
+                    for i, gi in enumerate(grads[len(grads) - len(mt_idx):]):
+                        if gi is not None:
+                            g_mt[i] = gi if g_mt[i] is None else g_mt[i] + gi
+                    grads = grads[: len(grads) - len(mt_idx)]
                 aq = _or_zero(grads[0], qk) + gQ[:, k]
                 av = _or_zero(grads[1], vk) + gV[:, k]
                 j = 2
@@ -323,6 +377,13 @@ class _CheckpointRollout(torch.autograd.Function):
                     bar.update(1)
         if bar is not None:
             bar.close()
+        used = [(mt_graph[i], gi) for i, gi in zip(mt_idx, g_mt) if gi is not None]
+        if used and p_need:
+            with torch.enable_grad():
+                extra = torch.autograd.grad([t for t, _ in used], p_need, [gi for _, gi in used], allow_unused=True)
+            for i, gi in enumerate(extra):
+                if gi is not None:
+                    g_p[i] = gi if g_p[i] is None else g_p[i] + gi
         out_p: list[Tensor | None] = [None] * len(params)
         for i, gi in zip(p_idx, g_p):
             out_p[i] = gi if gi is not None else torch.zeros_like(params[i])
@@ -344,10 +405,11 @@ def _autograd_rollout(cfg: _Config, q0, v0, tau, f_ext) -> tuple[Tensor, Tensor]
     q, v = q0, v0
     last = 0
     implicit = integ.implicit
+    accel = _plain_accel(cfg)
     for k in _steps_iter(cfg, 0, cfg.steps, "rollout (autograd)"):
         u = _control(cfg, tau, k, q, v)
         fe = None if f_ext is None else f_ext[:, k]
-        q, v = integ.step_flat(robot, q, v, u, dt, fe, passive, context=f"step {k}" if implicit else "")
+        q, v = integ.step_flat(robot, q, v, u, dt, fe, passive, context=f"step {k}" if implicit else "", accel=accel)
         qs.append(q)
         vs.append(v)
         if k + 1 - last >= _CHECK_EVERY or k + 1 == cfg.steps:
@@ -386,6 +448,7 @@ def rollout(
     steps: int | None = None,
     progress: bool = False,
     stats: dict | None = None,
+    compile: bool | CompiledDynamics = False,
 ) -> tuple[Tensor, Tensor]:
     """Simulate ``T`` fixed steps and return the trajectory, differentiably.
 
@@ -417,6 +480,12 @@ def rollout(
             trainable parameters and an ``nn.Module`` policy's are collected automatically.
         steps: number of steps ``T``; required with a policy, checked against ``tau`` otherwise.
         progress: show a progress bar (tqdm).
+        compile: evaluate the forward dynamics and their VJP with
+            :func:`diffmech.dynamics.compiled` (``torch.compile``; explicit integrators, no
+            ``f_ext``). Steps then cost a fraction of the eager ones, after a one-off compilation
+            per batch size (about a minute on CPU; later processes reuse torch's on-disk cache).
+            The compiled function is kept per robot; pass a :class:`~diffmech.dynamics.CompiledDynamics`
+            to choose its options.
         stats: optional dict filled with ``forward_time`` (s), ``steps``, ``checkpoint_every``,
             ``saved_state_bytes`` and, after ``backward()``, ``backward_time`` (s) and
             ``recomputed_steps`` (checkpoint mode) -- for benchmarks.
@@ -496,6 +565,14 @@ def rollout(
 
     cfg = _Config(robot=robot, integ=integ, dt=dt, steps=T, passive=bool(passive), batch=batch, policy=policy,
                   checkpoint_every=checkpoint_every, progress=progress, stats=stats)
+    if compile is not False:
+        cfg.dyn = _compiled_dynamics(robot, integ, compile, bool(passive), f_ext)
+        if adjoint == "checkpoint" and policy is None:
+            cfg.cstep = _compiled_step(cfg.dyn, integ, dt)
+        # With adjoint="autograd" the model tensors carry the graph to the parameters; the checkpoint
+        # forward reads them without one (its backward rebuilds them).
+        with torch.set_grad_enabled(torch.is_grad_enabled() and adjoint == "autograd"):
+            cfg.mt = tuple(robot.model_tensors(dtype, device))
     if adjoint == "autograd":
         Q, V = _autograd_rollout(cfg, q0f, v0f, tauf, fef)
     else:
@@ -515,6 +592,37 @@ def rollout(
             with torch.no_grad():
                 Q, V = _CheckpointRollout.forward(_NoCtx(), cfg, q0f, v0f, tauf, fef)
     return Q.reshape(*batch, T + 1, robot.nq), V.reshape(*batch, T + 1, robot.nv)
+
+
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _compiled_dynamics(robot: RobotModel, integ: Integrator, compile, passive: bool, f_ext) -> CompiledDynamics:
+    """The compiled forward dynamics for ``rollout(..., compile=...)``, kept per robot and ``passive``."""
+    if integ.implicit or not integ.accel_calls:
+        raise ShapeError(f"rollout: compile=True needs an explicit integrator; '{integ.name}' is implicit")
+    if f_ext is not None:
+        raise ShapeError("rollout: compile=True does not take f_ext; pass compile=False")
+    if isinstance(compile, CompiledDynamics):
+        if compile.model is not robot or compile.algorithm != "forward_dynamics" or compile.passive != passive:
+            raise ShapeError(
+                f"rollout: compile={compile!r} must be forward dynamics of '{robot.name}' with passive={passive}")
+        return compile
+    if compile is not True:
+        raise ShapeError(f"rollout: compile must be a bool or a CompiledDynamics, got {compile!r}")
+    per_robot = _COMPILED.setdefault(robot, {})
+    if passive not in per_robot:
+        per_robot[passive] = compiled(robot, "forward_dynamics", passive=passive)
+    return per_robot[passive]
+
+
+def _compiled_step(dyn: CompiledDynamics, integ: Integrator, dt: float) -> CompiledStep:
+    """The compiled step of ``integ`` at ``dt``, kept with the compiled dynamics it belongs to."""
+    key = (repr(integ), dt)
+    cache = dyn.__dict__.setdefault("_steps", {})
+    if key not in cache:
+        cache[key] = CompiledStep(dyn.model, integ, dt, dyn.passive, compile=dyn.compiled)
+    return cache[key]
 
 
 class _NoCtx:
