@@ -98,3 +98,12 @@ def test_torch_compile_rollout_matches_eager():
     _, g_ref = _grads(robot, q0, v0, tau, wq, wv, 0.01)
     _, g = _grads(robot, q0, v0, tau, wq, wv, 0.01, compile=True)
     _assert_same(g, g_ref, tol=1e-9)
+    # Another trajectory length reuses the compiled step: the kernels see the same shapes and strides.
+    robot2, q0, v0, tau, wq, wv = _problem("arm", (2,), 11)
+    robot.load_state_dict(robot2.state_dict())
+    import torch._dynamo
+
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        _, g = _grads(robot, q0, v0, tau, wq, wv, 0.01, compile=True)
+    _, g_ref = _grads(robot, q0, v0, tau, wq, wv, 0.01)
+    _assert_same(g, g_ref, tol=1e-9)

@@ -49,6 +49,24 @@ _ALGORITHMS: dict[str, tuple[int, Callable]] = {
 }
 
 
+def kernel_input(t: Tensor) -> Tensor:
+    """``t`` detached, with row-major strides (a copy only if needed).
+
+    The compiled graphs are specialised to their inputs' strides and ``requires_grad`` flags: a
+    view such as ``Q[:, k]`` of a trajectory would otherwise make torch.compile recompile for each
+    trajectory length, and silently fall back to eager mode once its recompilation limit is
+    reached. The kernels are pure functions (their backward is a kernel too), so no graph is lost.
+    """
+    t = t.detach()
+    expected, acc = [], 1
+    for n in reversed(t.shape):
+        expected.append(acc)
+        acc *= n
+    if tuple(reversed(expected)) == t.stride():
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 class CompiledDynamics:
     """A compiled rigid-body algorithm on flat batches, differentiable through a compiled VJP.
 
@@ -105,7 +123,9 @@ class CompiledDynamics:
         """The algorithm's value without a graph, chunk by chunk."""
         B = args[0].shape[0]
         with torch.no_grad():
-            outs = [self._forward(*[self._pad(a, s, e) for a in args], *mt)[: e - s] for s, e in self._pieces(B)]
+            mt = [kernel_input(t) for t in mt]
+            outs = [self._forward(*[kernel_input(self._pad(a, s, e)) for a in args], *mt)[: e - s]
+                    for s, e in self._pieces(B)]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def pullback(self, args: Sequence[Tensor], mt: Sequence[Tensor], g: Tensor,
@@ -119,12 +139,14 @@ class CompiledDynamics:
         n, B = self.n_args, args[0].shape[0]
         idx = [i for i, f in enumerate(needs) if f]
         arg_parts: dict[int, list[Tensor]] = {i: [] for i in idx if i < n}
+        mt = [kernel_input(t) for t in mt]
         for s, e in self._pieces(B):
             gp = g[s:e]
             if self.chunk is not None and e - s < self.chunk and B > self.chunk:
                 # Padded rows get a zero cotangent: they add nothing to the parameter cotangents.
                 gp = torch.cat([gp, gp.new_zeros(self.chunk - (e - s), *gp.shape[1:])])
-            got = self._vjp(*[self._pad(a, s, e) for a in args], *mt, gp.contiguous(), needs=needs)
+            got = self._vjp(*[kernel_input(self._pad(a, s, e)) for a in args], *mt, kernel_input(gp),
+                            needs=needs)
             for i, gi in zip(idx, got):
                 if i < n:
                     arg_parts[i].append(gi[: e - s])

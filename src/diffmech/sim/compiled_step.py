@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..dynamics.aba import aba_flat
+from ..dynamics.compiled import kernel_input
 from ..model.robot import ModelTensors, RobotModel
 from .integrators import Integrator
 
@@ -64,7 +65,7 @@ class CompiledStep:
     def step(self, q: Tensor, v: Tensor, u: Tensor, mt: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
         """The next state ``(q1 (B, nq), v1 (B, nv))`` (no graph)."""
         with torch.no_grad():
-            return self._step(q, v, u, *mt)
+            return self._step(kernel_input(q), kernel_input(v), kernel_input(u), *[kernel_input(t) for t in mt])
 
     def vjp(self, q: Tensor, v: Tensor, u: Tensor, mt: Sequence[Tensor], aq: Tensor, av: Tensor,
             needs: Sequence[bool]) -> list[Tensor | None]:
@@ -75,7 +76,8 @@ class CompiledStep:
         idx = [i for i, f in enumerate(needs) if f]
         if not idx:
             return out
-        _, got = self._vjp(q, v, u, *mt, aq, av, needs=needs)
+        q, v, u, aq, av = (kernel_input(t) for t in (q, v, u, aq, av))
+        _, got = self._vjp(q, v, u, *[kernel_input(t) for t in mt], aq, av, needs=needs)
         for i, gi in zip(idx, got):
             out[i] = gi
         return out
