@@ -7,9 +7,14 @@ import pytest
 import torch
 from scipy.integrate import solve_ivp
 
+from conftest import get_robot, random_state
 from diffmech import JointSpec, LinkSpec, RobotModel, RobotSpec
+from diffmech.dynamics.crba import crba_flat
+from diffmech.dynamics.rnea import rnea_flat
 from diffmech.errors import ConvergenceError, ModelError, ShapeError
+from diffmech.implicit import batched_jacobian
 from diffmech.sim import INTEGRATORS, RK4, VariationalMidpoint, get_integrator, rollout
+from diffmech.sim.integrators import _Configuration, _LagrangianPass
 
 DT = torch.float64
 G = 9.81
@@ -281,6 +286,69 @@ def test_variational_springs_are_conservative():
     spring = 0.5 * 40.0 * ((q0 - torch.tensor([0.3, -0.2], dtype=DT)) ** 2).sum().item()
     assert spring > 10.0
     assert np.abs(E - E[0]).max() < 5e-3 * spring  # 0.03 J here; ~25 J with the springs left out
+
+
+@pytest.mark.parametrize("key", ["double_pendulum", "spinner", "prismatic_mix", "branching_tree"])
+def test_variational_closed_form_derivatives(key):
+    """The kinematic pass behind the variational residual against autograd, RNEA and CRBA:
+    exact identities, so they agree to rounding (with springs, prismatic joints, branches)."""
+    if key == "double_pendulum":
+        robot = double_pendulum(damping=0.3, stiffness=40.0, rest=(0.3, -0.2))
+    elif key == "spinner":
+        robot = spinner()
+    else:
+        robot = get_robot(key)
+    q, v, _, f = random_state(robot, (3,), seed=5)
+    close = lambda a, b: (a - b).abs().max() <= 1e-13 * (1 + b.abs().max())
+    at = lambda y: _LagrangianPass(_Configuration(robot, y), v, None, True)
+    for f_ext in (None, f):
+        lp = _LagrangianPass(_Configuration(robot, q), v, f_ext, True)
+        qg, vg = q.clone().requires_grad_(True), v.clone().requires_grad_(True)
+        dT_dq, dT_dv = torch.autograd.grad(robot.kinetic_energy(qg, vg).sum(), (qg, vg))
+        zero = torch.zeros_like(v)
+        assert close(lp.dT_dq, dT_dq) and close(lp.dT_dv, dT_dv)
+        assert close(lp.rest, rnea_flat(robot, q, zero, zero, f_ext))
+        assert close(lp.bias(), rnea_flat(robot, q, v, zero, f_ext))
+        assert close(lp.conf.mass(), crba_flat(robot, q))
+        K, T_qq, U_qq = lp.second_derivatives()
+        assert close(K, batched_jacobian(lambda y: (crba_flat(robot, y) @ v[..., None])[..., 0], q))
+        assert close(T_qq, batched_jacobian(lambda y: at(y).dT_dq, q))
+        assert close(U_qq, batched_jacobian(lambda y: at(y).rest, q))
+    # Without external forces the closed-form Newton matrix is the residual's exact Jacobian.
+    vi = VariationalMidpoint()
+    damping = vi._damping(robot, q)
+    fn, _, jac, approx = vi.residual(robot, 0.02, True)
+    p0 = (crba_flat(robot, q) @ v[..., None])[..., 0]
+    tau = torch.randn(3, robot.nv, dtype=DT, generator=torch.Generator().manual_seed(6))
+    args = (q, p0, tau, damping)
+    assert close(approx(v, *args), jac(v, *args))
+
+
+def test_variational_consecutive_steps_match_isolated_steps():
+    """Chained steps reuse the previous step's pass and extrapolate the predictor's error; only the
+    Newton start changes, so they agree with isolated steps to the solver tolerance."""
+    robot = double_pendulum(damping=0.1)
+    chained, isolated = VariationalMidpoint(), VariationalMidpoint()
+    g = torch.Generator().manual_seed(7)
+    q0 = torch.tensor([[1.5, -0.5], [0.3, 2.0]], dtype=DT)
+    tau = 0.5 * torch.randn(60, 2, 2, dtype=DT, generator=g)
+    mt = robot.model_tensors(DT)  # cached: the same object while no parameter changes
+    qc, vc = q0, torch.zeros(2, 2, dtype=DT)
+    q_iso, v_iso = qc, vc
+    with torch.no_grad():
+        for k in range(60):
+            assert (chained._continuation(robot, qc, vc, 0.01, True, mt) is not None) == (k > 0)
+            qc, vc = chained.step_flat(robot, qc, vc, tau[k], 0.01)
+            q_iso, v_iso = isolated.step_flat(robot, q_iso.clone(), v_iso.clone(), tau[k], 0.01)  # fresh inputs
+        assert torch.allclose(qc, q_iso, atol=1e-12, rtol=0) and torch.allclose(vc, v_iso, atol=1e-11, rtol=0)
+        # Another dt, a state changed in place or changed parameters start afresh.
+        assert chained._continuation(robot, qc, vc, 0.01, True, robot.model_tensors(DT)) is not None
+        assert chained._continuation(robot, qc, vc, 0.02, True, robot.model_tensors(DT)) is None
+        qc.add_(0.1)
+        assert chained._continuation(robot, qc, vc, 0.01, True, robot.model_tensors(DT)) is None
+        qc, vc = chained.step_flat(robot, qc, vc, tau[0], 0.01)
+        robot.link_params("l2").mass.add_(0.1)
+        assert chained._continuation(robot, qc, vc, 0.01, True, robot.model_tensors(DT)) is None
 
 
 def test_variational_step_gradient():

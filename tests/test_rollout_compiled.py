@@ -14,7 +14,6 @@ import torch
 from diffmech.dynamics import compiled
 from diffmech.errors import ShapeError
 from diffmech.sim import rollout
-
 from test_rollout import DT, MLPPolicy, _assert_same, _grads, _load, _problem, make_robot
 
 EXPLICIT = ["euler", "semi_implicit_euler", "midpoint", "rk4"]

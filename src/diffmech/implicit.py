@@ -85,6 +85,11 @@ def _newton(fn, jacobian, x0, params, tol, max_iter, line_search, update="newton
     ``"chord"`` (the first one throughout) or ``"broyden"`` (the first one, then Broyden's
     rank-one secant updates). When an iteration of a cheap variant fails to halve the residual,
     the next one starts over from the exact Jacobian at the current point.
+
+    The iterations serve small systems in long sequential loops (one implicit time step each),
+    where the cost is the number of tensor operations rather than their size: the convergence
+    test follows each new residual, so the final iteration skips the matrix update no further
+    iteration would use, and the line search costs one flag until a step is rejected.
     """
     x = x0.detach().clone()
     r = fn(x, *params)
@@ -95,55 +100,62 @@ def _newton(fn, jacobian, x0, params, tol, max_iter, line_search, update="newton
         )
     rn = _inf_norm(r)
     singular = torch.zeros_like(rn, dtype=torch.bool)
+    done = rn <= tol
     J = None
     exact = approx_jacobian is None
     it = 0
+    if bool(done.all()):
+        return x, r, rn, it, singular
     while it < max_iter:
-        done = rn <= tol
-        if bool(done.all()) or not bool(torch.isfinite(rn).all()):
+        if not bool(torch.isfinite(rn).all()):
             break
         if J is None or update == "newton":
             J = _jac(fn, jacobian if exact else approx_jacobian, x, params)
             lu, piv, info = torch.linalg.lu_factor_ex(J)
             singular = singular | (info != 0)
         dx = torch.linalg.lu_solve(lu, piv, -r[..., None])[..., 0]
-        singular = singular | ~torch.isfinite(dx).all(-1)
-        dx = torch.where(torch.isfinite(dx), dx, torch.zeros_like(dx))
-        # Converged elements stay where they are (their step is zeroed).
-        dx = _where_batch(done, torch.zeros_like(dx), dx)
+        finite = torch.isfinite(dx)
+        singular = singular | ~finite.all(-1)
+        # Converged elements stay where they are (their step is zeroed), and so do non-finite steps.
+        dx = torch.where(finite & ~done[..., None], dx, 0.0)
         x_new = x + dx
         r_new = fn(x_new, *params)
         rn_new = _inf_norm(r_new)
         if line_search:
             # Halve the step of the elements whose residual norm did not decrease enough; keep the
             # best point tried (a root closer than the residual's rounding error stalls Armijo).
-            alpha = torch.ones_like(rn)
             bad = ~(rn_new <= (1 - _ARMIJO) * rn) & ~done
-            for _ in range(_MAX_HALVINGS):
-                if not bool(bad.any()):
-                    break
-                alpha = torch.where(bad, alpha / 2, alpha)
-                x_try = x + alpha[..., None] * dx
-                r_try = fn(x_try, *params)
-                rn_try = _inf_norm(r_try)
-                better = bad & (rn_try < rn_new)
-                x_new = _where_batch(better, x_try, x_new)
-                r_new = _where_batch(better, r_try, r_new)
-                rn_new = torch.where(better, rn_try, rn_new)
-                bad = bad & ~(rn_try <= (1 - _ARMIJO * alpha) * rn)
-        slow = ~(rn_new <= 0.5 * rn) & ~(rn_new <= tol)
+            if bool(bad.any()):
+                alpha = torch.ones_like(rn)
+                for _ in range(_MAX_HALVINGS):
+                    alpha = torch.where(bad, alpha / 2, alpha)
+                    x_try = x + alpha[..., None] * dx
+                    r_try = fn(x_try, *params)
+                    rn_try = _inf_norm(r_try)
+                    better = bad & (rn_try < rn_new)
+                    x_new = _where_batch(better, x_try, x_new)
+                    r_new = _where_batch(better, r_try, r_new)
+                    rn_new = torch.where(better, rn_try, rn_new)
+                    bad = bad & ~(rn_try <= (1 - _ARMIJO * alpha) * rn)
+                    if not bool(bad.any()):
+                        break
+        done_new = rn_new <= tol
+        it += 1
+        if bool(done_new.all()):
+            x, r, rn, done = x_new, r_new, rn_new, done_new
+            break
+        slow = ~(rn_new <= 0.5 * rn) & ~done_new
         if (update != "newton" or not exact) and bool(slow.any()):
             exact, J = True, None  # the cheap matrix is not good enough here: refresh exactly
         elif update == "broyden":
             # Smallest change of J that meets the secant condition J (x_new - x) = r_new - r.
             s_ = x_new - x
-            ss = (s_ * s_).sum(-1)
-            upd = (r_new - r - (J @ s_[..., None])[..., 0]) / torch.where(ss > 0, ss, torch.ones_like(ss))[..., None]
+            ss = (s_ * s_).sum(-1, keepdim=True)
+            upd = (r_new - r - (J @ s_[..., None])[..., 0]) / torch.where(ss > 0, ss, 1.0)
             J = J + upd[..., :, None] * s_[..., None, :]
             lu, piv, info = torch.linalg.lu_factor_ex(J)
             singular = singular | (info != 0)
-        x, r, rn = x_new, r_new, rn_new
-        it += 1
+        x, r, rn, done = x_new, r_new, rn_new, done_new
     return x, r, rn, it, singular
 
 

@@ -34,17 +34,29 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from .. import spatial
 from ..dynamics import kinematics as _kin
+from ..dynamics._common import (
+    RigidInertia,
+    external_body_forces,
+    force_cross,
+    gravity_acceleration,
+    masks,
+    motion_cross,
+    passive_forces,
+    tree_state,
+    tree_sum,
+    world_inertia,
+)
 from ..dynamics.aba import forward_dynamics_flat
-from ..dynamics.rnea import rnea_flat
 from ..errors import ModelError, ShapeError
 from ..implicit import newton_solve
-from ..model.robot import RobotModel
+from ..model.robot import ModelTensors, RobotModel
 
 __all__ = [
     "Integrator", "ExplicitEuler", "SemiImplicitEuler", "ExplicitMidpoint", "RK4", "VariationalMidpoint",
@@ -107,6 +119,129 @@ def _dexpinv(robot: RobotModel, omega: Tensor, k: Tensor, terms: int) -> Tensor:
     if terms > 1:
         out = out + spatial.motion_cross(w, ad1) / 12.0
     return torch.cat([out, k[:, 6:]], dim=-1)
+
+
+class _Configuration:
+    """The configuration-dependent part of a kinematic pass at ``q (B, nq)``: body placements and
+    world inertias, and on demand the composite inertias and ``M(q)`` (as
+    :func:`~diffmech.dynamics.crba.crba_flat`, from the same inertias)."""
+
+    def __init__(self, robot: RobotModel, q: Tensor, mt: ModelTensors | None = None):
+        self.robot, self.q = robot, q
+        self.mt = robot.model_tensors(q.dtype, q.device) if mt is None else mt
+        self.ts = tree_state(robot, q, self.mt)
+        self.inertia = world_inertia(self.ts)
+        self.mask_bd, self.mask_db = masks(robot, q)
+        self._composite: tuple[RigidInertia, Tensor] | None = None
+
+    def composite(self) -> tuple[RigidInertia, Tensor]:
+        """Composite inertias ``Ic`` of the subtrees of the joints and ``Ic S (nv, 6, B)``."""
+        if self._composite is None:
+            I, mask_db = self.inertia, self.mask_db
+            Ic = RigidInertia(m=mask_db @ I.m, h=tree_sum(mask_db, I.h), I=tree_sum(mask_db, I.I))
+            self._composite = Ic, Ic.apply(self.ts.S)
+        return self._composite
+
+    def symmetric(self, vals: Tensor) -> Tensor:
+        """``(B, nv, nv)`` symmetric matrix from its values ``(npairs, B)`` at the CRBA pairs (``d`` at
+        or above ``e``)."""
+        robot = self.robot
+        return (robot._crba_scatter.to(vals.dtype) @ vals).transpose(0, 1).reshape(-1, robot.nv, robot.nv)
+
+    def mass(self) -> Tensor:
+        """``M(q) (B, nv, nv)``: ``M[d, e] = S_d . Ic_e S_e``."""
+        robot = self.robot
+        _, IcS = self.composite()
+        return self.symmetric((self.ts.S[robot._crba_d] * IcS[robot._crba_e]).sum(1))
+
+
+class _LagrangianPass:
+    """The Lagrangian's derivatives at one point ``(q, v (B, nv))`` of a fixed-base robot, from one
+    kinematic pass over a :class:`_Configuration` at ``q``.
+
+    No reverse-mode AD: the forward Newton iterations of the variational integrator record
+    nothing, and with inputs that require grad the values are ordinary differentiable expressions.
+    Varying ``q_e`` moves the subtree of joint ``e`` rigidly with the world-frame twist ``S_e``:
+    its world inertias change by ``S_e x* I - I S_e x`` and the columns below ``e`` by
+    ``S_e x S_f``. With ``H_e`` the momentum of the subtree of ``e``, ``Ic_e`` its composite
+    inertia and ``Sdot_e = V_body(e) x S_e``, this gives exactly
+
+        ``dT/dv_e = S_e . H_e`` (``= (M v)_e``),   ``dT/dq_e = Sdot_e . H_e``,
+
+    and, for ``d`` at or above ``e`` (other pairs vanish), with ``Y_e = Ic_e Sdot_e + S_e x* H_e``
+    and the gravity acceleration ``a_g``:
+
+        ``K = d(M v)/dq``:  ``K[d, e] = S_d . Y_e``,  ``K[e, d] = Sdot_d . Ic_e S_e``,
+        ``d^2T/dq^2[d, e] = Sdot_d . Y_e``,   ``d^2U_g/dq^2[d, e] = (a_g x S_d) . Ic_e S_e`` (both symmetric).
+
+    Attributes (batch-first):
+        dT_dq, dT_dv: (B, nv) partials of the kinetic energy.
+        rest: (B, nv) ``dU/dq - J^T f_ext = g(q) + k (q - rest) - J^T f_ext`` (springs when
+            ``passive``), i.e. inverse dynamics at rest.
+    """
+
+    def __init__(self, conf: _Configuration, v: Tensor, f_ext: Tensor | None, passive: bool):
+        self.conf, self.passive = conf, passive
+        robot, mt, ts, inertia = conf.robot, conf.mt, conf.ts, conf.inertia
+        S = ts.S  # (nv, 6, B)
+        self.vT = vT = v.transpose(0, 1)
+        self.V = V = tree_sum(conf.mask_bd, S * vT[:, None])  # (nb, 6, B) body velocities
+        # d/dt S_d = V_body(d) x S_d (without a floating base, DoF d is body d).
+        self.Sdot = motion_cross(V[robot._dof_body] if robot._nfree else V, S)  # (nv, 6, B)
+        self.IV = inertia.apply(V)
+        # The forces that hold every body at rest against gravity, I a_g with a_g = (-g; 0):
+        # (-m g; h x -g), written out (a fifth of the operations of inertia.apply).
+        g = mt.gravity[:, None].expand_as(inertia.h)
+        F_rest = torch.cat([-inertia.m[..., None] * g, torch.linalg.cross(g, inertia.h, dim=-2)], 1)
+        self.ext = external_body_forces(robot, ts, f_ext) if f_ext is not None else None
+        if self.ext is not None:
+            F_rest = F_rest - self.ext
+        sub = tree_sum(conf.mask_db, torch.cat([self.IV, F_rest], 1))  # subtree sums, (nv, 12, B)
+        self.H = sub[:, :6]
+        self.dT_dv = (S * self.H).sum(1).transpose(0, 1)
+        self.dT_dq = (self.Sdot * self.H).sum(1).transpose(0, 1)
+        rest = (S * sub[:, 6:]).sum(1).transpose(0, 1)
+        if passive:  # the springs' potential (fixed base: every coordinate is a joint's)
+            rest = rest + mt.stiffness * (conf.q - mt.rest)
+        self.rest = rest
+
+    def bias(self) -> Tensor:
+        """``(B, nv)`` inverse dynamics at zero acceleration, ``C(q, v) v + g(q) - J^T f_ext`` (minus
+        the damping and spring forces when ``passive``): RNEA on this pass's velocities."""
+        conf = self.conf
+        A = tree_sum(conf.mask_bd, self.Sdot * self.vT[:, None]) + gravity_acceleration(conf.mt)
+        F = conf.inertia.apply(A) + force_cross(self.V, self.IV)
+        if self.ext is not None:
+            F = F - self.ext
+        h = (conf.ts.S * tree_sum(conf.mask_db, F)).sum(1)
+        if self.passive:
+            h = h - passive_forces(conf.robot, conf.mt, conf.q.transpose(0, 1), self.vT)
+        return h.transpose(0, 1)
+
+    def second_derivatives(self) -> tuple[Tensor, Tensor, Tensor]:
+        """``(K, d^2T/dq^2, d^2U/dq^2)``, each ``(B, nv, nv)``, with ``K = d(M(q) v)/dq``.
+
+        ``U`` is gravity plus the joint springs (when ``passive``); the external forces' change
+        with ``q`` is not included.
+        """
+        conf = self.conf
+        robot = conf.robot
+        S, Sdot = conf.ts.S, self.Sdot
+        Ic, IcS = conf.composite()
+        d, e = robot._crba_d, robot._crba_e
+        Y = (Ic.apply(Sdot) + force_cross(S, self.H))[e]  # (npairs, 6, B)
+        B = Y.shape[-1]
+        # K[e, d] first: for d = e both values agree, and K[d, e] overwrites it.
+        K = Y.new_zeros(robot.nv, robot.nv, B).index_put((e, d), (Sdot[d] * IcS[e]).sum(1))
+        K = K.index_put((d, e), (S[d] * Y).sum(1)).permute(2, 0, 1)
+        T_qq = conf.symmetric((Sdot[d] * Y).sum(1))
+        # a_g x S_d = (-g x w_d; 0) for the angular part w_d of S_d.
+        w = S[:, 3:]
+        g_w = torch.linalg.cross(conf.mt.gravity[:, None].expand_as(w), w, dim=-2)
+        U_qq = conf.symmetric(-(g_w[d] * IcS[e, :3]).sum(1))
+        if self.passive and robot.nj:
+            U_qq = U_qq + torch.diag_embed(conf.mt.stiffness.expand(B, robot.nv))
+        return K, T_qq, U_qq
 
 
 class Integrator(abc.ABC):
@@ -271,13 +406,33 @@ class RK4(Integrator):
         return q1, v1
 
 
+class _Carry(NamedTuple):
+    """What an untaped variational step leaves for a next step that starts from its result."""
+
+    q: Tensor  # (B, nq) the returned configuration
+    v: Tensor  # (B, nv) the returned velocity
+    versions: tuple[int, int]  # of q and v when returned (an in-place change voids the carry)
+    dt: float
+    passive: bool
+    conf: _Configuration  # the pass at q (its mass matrix included)
+    chol: Tensor  # (B, nv, nv) Cholesky factor of M(q)
+    errors: tuple[Tensor, ...]  # (B, nv) errors v_m - x_0 of the latest explicit predictors, newest first
+
+
+# Polynomial extrapolation of a sequence from its last n values (newest first), n = 1, 2, 3.
+_EXTRAPOLATION = {1: (1.0,), 2: (2.0, -1.0), 3: (3.0, -3.0, 1.0)}
+_HISTORY = 3  # predictor errors kept
+
+
 class VariationalMidpoint(Integrator):
     """Variational midpoint integrator (discrete mechanics; Marsden & West 2001).
 
     Discrete Lagrangian ``L_d(q0, q1) = dt L((q0 + q1)/2, (q1 - q0)/dt)`` with ``L = T(q, v) - U(q)``:
-    ``T`` is :meth:`~diffmech.RobotModel.kinetic_energy` (its gradient by one reverse pass) and
-    ``U`` :meth:`~diffmech.RobotModel.potential_energy` (gravity, plus the joint springs when
-    ``passive``), whose gradient ``g(q) + k (q - rest)`` is taken from inverse dynamics at rest.
+    ``T`` is :meth:`~diffmech.RobotModel.kinetic_energy` and ``U``
+    :meth:`~diffmech.RobotModel.potential_energy` (gravity, plus the joint springs when
+    ``passive``). Their gradients ``dT/dq``, ``dT/dv = M v`` and ``g(q) + k (q - rest)`` (inverse
+    dynamics at rest), and the residual's Jacobian, come in closed form from one kinematic pass
+    per evaluation (no reverse-mode AD; see :class:`_LagrangianPass`).
     Non-conservative forces enter by the discrete Lagrange-d'Alembert principle with midpoint
     forcing ``F^- = F^+ = dt/2 f(q_m, v_m)``, ``f = tau - damping v_m + J(q_m)^T f_ext``. One step
     maps ``(q_k, p_k)`` to ``(q_{k+1}, p_{k+1})`` by
@@ -296,9 +451,16 @@ class VariationalMidpoint(Integrator):
     configurations; a floating base would need its Lie-group form): a floating-base robot raises
     :class:`~diffmech.errors.ModelError`.
 
-    Cost: a step evaluates the residual (one kinetic-energy gradient and one RNEA) about four to
-    five times, plus two mass matrices and the explicit predictor: some 15 times a semi-implicit
-    Euler step.
+    Cost: Newton starts from the explicit predictor with the residual's Jacobian there (exact
+    without external forces), so a step typically takes two or three residual evaluations of one
+    kinematic pass each, plus one pass at ``q_k`` (momentum, predictor, tolerance) and one mass
+    matrix at ``q_{k+1}``: some three semi-implicit Euler steps. Consecutive steps are cheaper:
+    when a step without a graph starts from the tensors the previous step of this instance
+    returned (unchanged, same robot, parameters, ``dt`` and ``passive``; as in
+    :func:`diffmech.sim.rollout`), it reuses that step's pass at ``q_k`` and mass-matrix factor and
+    corrects the predictor by extrapolating its errors over the last three steps (``O(dt^2)`` to
+    ``O(dt^5)``), which usually leaves two residual evaluations. Only the Newton start changes,
+    so results agree with an isolated step to the solver tolerance.
 
     Args:
         rtol: Newton tolerance relative to the size of the momentum balance,
@@ -306,11 +468,13 @@ class VariationalMidpoint(Integrator):
             Conserved momenta drift by at most the residual per step; rounding sets a floor near
             ``1e-15`` times that scale.
         max_iter: Newton iterations per step before :class:`~diffmech.errors.ConvergenceError`.
-        jacobian: the matrix the forward iterations start from, at the explicit predictor (which
-            lies ``O(dt^2)`` from the root): ``"approx"`` (default), ``-(M(q_m) + dt/2 diag(damping))``,
-            one mass matrix; or ``"exact"``, ``n`` reverse passes through the Lagrangian's
-            gradient. Either way an iteration that fails to halve the residual switches to the
-            exact Jacobian, and the backward pass uses the exact Jacobian at the root.
+        jacobian: the matrix the forward iterations start from, at the predictor (which lies
+            ``O(dt^2)`` from the root): ``"approx"`` (default), the closed form
+            ``-(M + dt/2 diag(damping)) + dt/2 (K^T - K) + dt^2/4 (d^2T/dq^2 - d^2U/dq^2)`` at the
+            midpoint (``K = d(M v)/dq``; it leaves out only the change of ``J^T f_ext`` with ``q``);
+            or ``"exact"``, ``n`` reverse passes through the residual. Either way an iteration
+            that fails to halve the residual switches to the exact Jacobian, and the backward pass
+            uses the exact Jacobian at the root.
         update: how the iterations refresh that matrix (see :func:`~diffmech.implicit.newton_solve`):
             ``"broyden"`` (default: rank-one secant updates, no extra evaluations), ``"chord"``
             or ``"newton"``.
@@ -330,6 +494,7 @@ class VariationalMidpoint(Integrator):
         self.max_iter = int(max_iter)
         self.jacobian = jacobian
         self.update = update
+        self._carry: _Carry | None = None
 
     def __repr__(self) -> str:
         return (f"VariationalMidpoint(rtol={self.rtol:g}, max_iter={self.max_iter}, jacobian={self.jacobian!r}, "
@@ -341,7 +506,7 @@ class VariationalMidpoint(Integrator):
             return like.new_zeros(0)
         return torch.stack([robot.joint_params(n).damping for n in robot.joint_names]).to(like)
 
-    def residual(self, robot: RobotModel, dt: float, passive: bool):
+    def residual(self, robot: RobotModel, dt: float, passive: bool, *, mt: ModelTensors | None = None):
         """The discrete Euler-Lagrange residual on flat batches, with its Jacobians.
 
         Returns ``(fn, terms, jacobian, approx_jacobian)``:
@@ -349,34 +514,46 @@ class VariationalMidpoint(Integrator):
         ``D1 L_d + F^- = dt/2 (dT/dq - dU/dq + f) - dT/dv`` at the midpoint ``(q_m, v_m)``;
         ``terms(...)`` returns the two parts ``(dt/2 (dT/dq - dU/dq + f), dT/dv)``;
         ``jacobian`` is the exact ``dr/dv_m (B, n, n)`` (``n`` reverse passes through the
-        Lagrangian's gradient), ``approx_jacobian`` its leading part ``-(M(q_m) + dt/2 diag(d))``.
-        ``dT/dq`` and ``dT/dv = M v`` come from one reverse pass through the kinetic energy;
-        ``dU/dq - J^T f_ext`` (gravity, springs, external forces) is inverse dynamics at rest.
+        residual), ``approx_jacobian`` the same in closed form without the change of
+        ``J^T f_ext`` with ``q`` (exact when there are no external forces):
+        ``-(M + dt/2 diag(d)) + dt/2 (K^T - K) + dt^2/4 (d^2T/dq^2 - d^2U/dq^2)`` at the midpoint,
+        ``K = d(M v)/dq``.
+
+        ``dT/dq``, ``dT/dv = M v`` and ``dU/dq - J^T f_ext`` (gravity, springs, external forces:
+        inverse dynamics at rest) come from one kinematic pass (:class:`_LagrangianPass`), without
+        reverse-mode AD; they are differentiable expressions, so the backward pass of
+        :func:`~diffmech.implicit.newton_solve` differentiates them directly. ``mt`` (the model's
+        tensors, without a graph) is reused by the evaluations that autograd does not record.
         """
-        cache: dict = {}
+        cache: dict = {"mt": mt}
+
+        def tracked(*tensors) -> bool:
+            """Whether autograd records through this evaluation (then it is neither cached nor reused)."""
+            if not torch.is_grad_enabled():
+                return False
+            if any(t is not None and t.requires_grad for t in tensors):
+                return True
+            if "learnable" not in cache:
+                cache["learnable"] = any(p.requires_grad for p in robot.parameters())
+            return cache["learnable"]
+
+        def evaluate(vm, q0, tau, damping, f_ext):
+            taped = tracked(vm, q0, tau, damping, f_ext)
+            # The last untaped evaluation is kept: the root of a solve and the approximate Jacobian
+            # at its start point reuse it.
+            if not taped and cache.get("x") is vm:
+                return cache["pass"], cache["terms"]
+            lp = _LagrangianPass(_Configuration(robot, q0 + (0.5 * dt) * vm, None if taped else cache["mt"]), vm, f_ext,
+                                 passive)
+            force = tau - damping * vm if passive else tau
+            out = ((0.5 * dt) * (lp.dT_dq - lp.rest + force), lp.dT_dv)
+            if not taped:
+                cache.update(x=vm, terms=out, mt=lp.conf.mt)
+                cache["pass"] = lp
+            return lp, out
 
         def terms(vm, q0, tau, damping, f_ext=None):
-            qm = q0 + (0.5 * dt) * vm
-            # A differentiable result is needed when the caller records a graph through the inputs
-            # or the model's parameters: the kinetic energy's gradient is then built with create_graph.
-            create = torch.is_grad_enabled() and (
-                qm.requires_grad or vm.requires_grad or any(p.requires_grad for p in robot.parameters())
-            )
-            if not create and cache.get("x") is vm:  # the root of an untaped solve: reuse its evaluation
-                return cache["terms"]
-            with torch.enable_grad():
-                # Fresh nodes: qm depends on vm, and the partials dT/dq, dT/dv are wanted.
-                qg = qm.clone() if qm.requires_grad else qm.detach().requires_grad_(True)
-                vg = vm.clone() if vm.requires_grad else vm.detach().requires_grad_(True)
-                dt_dq, dt_dv = torch.autograd.grad(robot.kinetic_energy(qg, vg).sum(), (qg, vg), create_graph=create)
-            zero = torch.zeros_like(vm)
-            # Inverse dynamics at rest: g(q) + k (q - rest) - J^T f_ext (damping vanishes at v = 0).
-            rest = rnea_flat(robot, qm, zero, zero, f_ext, passive)
-            force = tau - damping * vm if passive else tau
-            out = ((0.5 * dt) * (dt_dq - rest + force), dt_dv)
-            if not create:
-                cache["x"], cache["terms"] = vm, out
-            return out
+            return evaluate(vm, q0, tau, damping, f_ext)[1]
 
         def fn(vm, q0, p0, tau, damping, *f_ext):
             half, dt_dv = terms(vm, q0, tau, damping, f_ext[0] if f_ext else None)
@@ -391,44 +568,79 @@ class VariationalMidpoint(Integrator):
             return torch.stack(rows, -2)
 
         def approx_jacobian(vm, q0, p0, tau, damping, *f_ext):
-            M = robot.mass_matrix(q0 + (0.5 * dt) * vm)
+            lp = evaluate(vm, q0, tau, damping, f_ext[0] if f_ext else None)[0]
+            K, T_qq, U_qq = lp.second_derivatives()
+            J = (0.5 * dt) * (K.transpose(-1, -2) - K) + (0.25 * dt * dt) * (T_qq - U_qq) - lp.conf.mass()
             if passive:
-                M = M + torch.diag_embed((0.5 * dt) * damping.expand_as(vm))
-            return -M
+                J = J - torch.diag_embed((0.5 * dt) * damping.expand_as(vm))
+            return J
 
         return fn, terms, jacobian, approx_jacobian
+
+    def _continuation(self, robot: RobotModel, q: Tensor, v: Tensor, dt: float, passive: bool,
+                      mt: ModelTensors) -> _Carry | None:
+        """The carry of the previous step if this step starts from its result, unchanged."""
+        c = self._carry
+        if c is None or c.q is not q or c.v is not v or (q._version, v._version) != c.versions:
+            return None
+        if c.conf.robot is not robot or c.conf.mt is not mt or c.dt != dt or c.passive != passive:
+            return None  # another model, changed parameters, or another step
+        return c
 
     def step_flat(self, robot, q, v, tau, dt, f_ext=None, passive=True, *, context="", hint=None, accel=None):
         self.check_robot(robot)
         damping = self._damping(robot, q)
-        M0 = robot.mass_matrix(q)
-        p0 = (M0 @ v[..., None])[..., 0]
-        fn, terms, jac, approx = self.residual(robot, dt, passive)
+        grad = torch.is_grad_enabled()
+        adjoint = tuple(p for p in robot.parameters() if p.requires_grad) if grad else ()
+        taped = grad and (bool(adjoint) or any(t is not None and t.requires_grad for t in (q, v, tau, f_ext)))
+        # Without a graph the model's tensors are fetched once per step (their cache check is not free).
+        mt = None if taped else robot.model_tensors(q.dtype, q.device)
+        carry = None if taped else self._continuation(robot, q, v, dt, passive, mt)
+        self._carry = None
+        fn, terms, jac, approx = self.residual(robot, dt, passive, mt=mt)
+        conf = carry.conf if carry is not None else _Configuration(robot, q, mt)
+        start = _LagrangianPass(conf, v, f_ext, passive)
+        p0 = start.dT_dv  # M(q_k) v_k
+        explicit = None
         with torch.no_grad():
             if hint is not None:
                 x0 = (hint - q) / dt
             else:
-                # Explicit predictor: the midpoint velocity of a constant-acceleration step.
-                x0 = v + (0.5 * dt) * _accel(robot, q, v, tau, f_ext, passive, accel)
+                # Explicit predictor: the midpoint velocity of a constant-acceleration step. The
+                # acceleration M^{-1} (tau - h) reuses the pass at q_k (equal to ABA's to rounding).
+                if accel is not None:
+                    a = accel(q, v, tau, f_ext)
+                else:
+                    L0 = carry.chol if carry is not None else torch.linalg.cholesky_ex(conf.mass())[0]
+                    a = torch.cholesky_solve((tau - start.bias())[..., None], L0)[..., 0]
+                x0 = explicit = v + (0.5 * dt) * a
+                if carry is not None and carry.errors:
+                    # The predictor's error varies smoothly along a trajectory (with smooth controls):
+                    # extrapolate it from the previous steps, O(dt^2) -> O(dt^{2+n}) with n of them.
+                    x0 = x0 + sum(c * e for c, e in zip(_EXTRAPOLATION[len(carry.errors)], carry.errors))
             # Tolerance relative to the terms of the momentum balance (their rounding sets the floor).
-            zero = torch.zeros_like(v)
-            rest = rnea_flat(robot, q, zero, zero, f_ext, passive)
-            scale = 1.0 + p0.abs().amax(-1) + dt * (tau.abs().amax(-1) + rest.abs().amax(-1))
+            scale = 1.0 + p0.abs().amax(-1) + dt * (tau.abs().amax(-1) + start.rest.abs().amax(-1))
             tol = self.rtol * scale
         params = (q, p0, tau, damping) + ((f_ext,) if f_ext is not None else ())
-        adjoint = tuple(p for p in robot.parameters() if p.requires_grad) if torch.is_grad_enabled() else ()
         vm = newton_solve(fn, x0, params, adjoint_params=adjoint, tol=tol, max_iter=self.max_iter, jacobian=jac,
                           approx_jacobian=approx if self.jacobian == "approx" else None, update=self.update,
                           context=context or "variational_midpoint step")
         q1 = q + dt * vm
         half, dt_dv = terms(vm, q, tau, damping, f_ext)
         p1 = dt_dv + half  # D2 L_d + F^+
-        L1, info = torch.linalg.cholesky_ex(robot.mass_matrix(q1))
+        conf1 = _Configuration(robot, q1, mt)
+        L1, info = torch.linalg.cholesky_ex(conf1.mass())
         if bool(info.any()):
             raise ModelError(f"{context or 'variational_midpoint step'}: the mass matrix of '{robot.name}' is not "
                              "positive definite (massless subtree?)")
         v1 = torch.cholesky_solve(p1[..., None], L1)[..., 0]
+        if not taped and explicit is not None:
+            errors = (vm - explicit,) + (carry.errors[:_HISTORY - 1] if carry is not None else ())
+            self._carry = _Carry(q1, v1, (q1._version, v1._version), dt, passive, conf1, L1, errors)
         return q1, v1
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_carry": None}
 
 
 INTEGRATORS: dict[str, Integrator] = {
