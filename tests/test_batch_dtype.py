@@ -38,6 +38,7 @@ ALGOS = {
     "crba": ("q", lambda r, x: r.mass_matrix(x["q"])),
     "aba": ("q v a", lambda r, x: r.forward_dynamics(x["q"], x["v"], x["a"])),
     "fd_crba": ("q v a", lambda r, x: r.forward_dynamics(x["q"], x["v"], x["a"], method="crba")),
+    "fd_aba": ("q v a", lambda r, x: r.forward_dynamics(x["q"], x["v"], x["a"], method="aba")),
     "aba_fext": ("q v a f", lambda r, x: r.forward_dynamics(x["q"], x["v"], x["a"], f_ext=x["f"])),
     "bias_forces": ("q v", lambda r, x: r.bias_forces(x["q"], x["v"])),
     "generalized_gravity": ("q", lambda r, x: r.generalized_gravity(x["q"])),
@@ -104,8 +105,29 @@ def test_batch_shapes_match_loop(robot, pool, name):
             assert close(flat[i], per_sample[i], 1e-12), f"{name}: batch {batch}, sample {i}"
 
 
+@pytest.mark.parametrize("robot_id", [*ROBOT_IDS, "prismatic_mix"])
+def test_small_and_large_batch_paths_agree(robot_id):
+    """Small flat batches take batched-matrix code paths (and ``forward_dynamics`` CRBA + LU), large
+    ones elementwise paths (and ABA); a large batch equals its samples evaluated one by one."""
+    from diffmech.dynamics._common import SMALL_BATCH
+    from diffmech.dynamics.aba import AUTO_CRBA_MAX_BATCH
+
+    r = get_robot(robot_id)
+    n = max(SMALL_BATCH, AUTO_CRBA_MAX_BATCH) + 3
+    x = inputs(r, n, seed=5)
+    for name, (used, fn) in ALGOS.items():
+        used = used.split()
+        out = fn(r, {k: x[k] for k in used})
+        # forward dynamics amplify the rounding differences of the two paths by cond(M) (~1e4 here)
+        rtol = 1e-11 if name in ("aba", "aba_fext", "fd_crba", "fd_aba") else 1e-12
+        for i in range(n):
+            one = fn(r, {k: x[k][i:i + 1] for k in used})[0]
+            assert close(out[i], one, rtol), f"{name}: sample {i} of a batch of {n} differs from the sample alone"
+
+
 @pytest.mark.parametrize(
-    "name", ["rnea", "rnea_fext", "aba", "fd_crba", "bias_forces", "kinetic_energy", "integrate", "jacobian_point"]
+    "name", ["rnea", "rnea_fext", "aba", "fd_crba", "fd_aba", "bias_forces", "kinetic_energy", "integrate",
+             "jacobian_point"]
 )
 def test_broadcasting(robot, pool, name):
     """Inputs with different batch shapes broadcast like torch tensors."""
@@ -147,7 +169,7 @@ def test_inputs_not_modified(robot, pool, name):
 
 # float32 accuracy (measured: <= 4e-7 without a solve, <= 8e-5 with one -- forward dynamics
 # inherit the conditioning of M)
-F32_RTOL = {"aba": 1e-3, "fd_crba": 1e-3, "aba_fext": 1e-3}
+F32_RTOL = {"aba": 1e-3, "fd_crba": 1e-3, "fd_aba": 1e-3, "aba_fext": 1e-3}
 
 
 def compare_to_float64(model, key: str, pool64: dict, dtype: torch.dtype) -> None:

@@ -67,12 +67,15 @@ def as_state(model: RobotModel, named: list) -> tuple[list[Tensor], tuple[int, .
         raise ShapeError(
             f"{model.name}: inputs are on {device} but the model is on {model.device}; call model.to({device.type!r})"
         )
+    shapes = [t.shape[: t.dim() - len(k)] for _, t, k in out]
     try:
-        batch = torch.broadcast_shapes(*[t.shape[: t.dim() - len(k)] for _, t, k in out])
+        batch = shapes[0] if all(s == shapes[0] for s in shapes) else torch.broadcast_shapes(*shapes)
     except RuntimeError:
         shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t, _ in out)
         raise ShapeError(f"{model.name}: batch dimensions do not broadcast: {shapes}") from None
-    flat = [t.expand(*batch, *k).reshape(-1, *k) for _, t, k in out]
+    # Already-flat inputs pass through untouched (at batch 1 every skipped operator counts).
+    flat = [t if len(batch) == 1 and t.shape == (*batch, *k) else t.expand(*batch, *k).reshape(-1, *k)
+            for _, t, k in out]
     return flat, tuple(batch)
 
 
@@ -86,14 +89,33 @@ class TreeState(NamedTuple):
 
 
 # ---------------------------------------------------------------- batch-last small algebra
+# Up to this batch size the per-operator cost dominates, and a few batched matrix products
+# (batch-first) beat the many elementwise operations over rows of B values that large batches want.
+SMALL_BATCH = 8
+
+
+def small_batch(x: Tensor) -> bool:
+    """Whether the batch-last tensor ``x (..., B)`` takes the small-batch code paths."""
+    return x.shape[-1] <= SMALL_BATCH
+
+
 def mv(M: Tensor, x: Tensor) -> Tensor:
     """``M x`` for ``M (..., m, n, B)``, ``x (..., n, B)`` -> ``(..., m, B)``."""
+    if M.shape[-1] == 1 and x.shape[-1] == 1:  # a batch of one: x is a plain column vector
+        return M[..., 0] @ x
     return (M * x.unsqueeze(-3)).sum(-2)
 
 
 def mm(A: Tensor, C: Tensor) -> Tensor:
     """``A C`` for ``A (..., m, k, B)``, ``C (..., k, n, B)`` -> ``(..., m, n, B)``."""
     return (A.unsqueeze(-2) * C.unsqueeze(-4)).sum(-3)
+
+
+def mv_small(M: Tensor, x: Tensor) -> Tensor:
+    """:func:`mv` as one batched matrix product (batch-first inside), for small batches."""
+    if M.shape[-1] == 1 and x.shape[-1] == 1:
+        return M[..., 0] @ x
+    return (M.movedim(-1, -3) @ x.movedim(-1, -2)[..., None])[..., 0].movedim(-2, -1)
 
 
 def cross(a: Tensor, b: Tensor) -> Tensor:
@@ -122,14 +144,21 @@ def force_cross(v: Tensor, f: Tensor) -> Tensor:
 
 class RigidInertia(NamedTuple):
     """Spatial inertia at the world origin as ``(m (nb, 1), h (nb, 3, B), I (nb, 3, 3, B))``:
-    mass, first moment ``m c`` and rotational inertia about the origin."""
+    mass, first moment ``m c`` and rotational inertia about the origin.
+
+    ``full`` is the ``(nb, 6, 6, B)`` :meth:`matrix` when the small-batch path built it up front:
+    one matrix product per application then replaces a dozen elementwise operations.
+    """
 
     m: Tensor
     h: Tensor
     I: Tensor
+    full: Tensor | None = None
 
     def apply(self, x: Tensor) -> Tensor:
         """Momentum / force ``I x`` of a motion ``x (nb, 6, B)``."""
+        if self.full is not None:
+            return mv_small(self.full, x)
         xl, xa = x[..., :3, :], x[..., 3:, :]
         lin = self.m[..., None] * xl - cross(self.h, xa)
         ang = cross(self.h, xl) + mv(self.I, xa)
@@ -137,6 +166,8 @@ class RigidInertia(NamedTuple):
 
     def matrix(self) -> Tensor:
         """Full ``(nb, 6, 6, B)`` matrix ``[[m 1, -[h]], [[h], I]]``."""
+        if self.full is not None:
+            return self.full
         hx, hy, hz = self.h.unbind(-2)
         m = self.m.expand_as(hx)
         z = torch.zeros_like(hx)
@@ -166,9 +197,12 @@ def body_placements(model: RobotModel, mt: ModelTensors, qT: Tensor) -> tuple[Te
     """World placements of all bodies. ``qT (nq, B) -> R (nb, 3, 3, B), p (nb, 3, B)``."""
     qj = qT[model._q_joint_start:]  # (nj, B)
     s = qj.sin()[:, None, None]
-    c1 = (1 - qj.cos())[:, None, None]
-    R_loc = mt.A0 + s * mt.A1 + c1 * mt.A2  # (nj, 3, 3, B)
-    p_loc = mt.p_tree + mt.lin_dir * qj[:, None]  # (nj, 3, B)
+    c1 = (1.0 - qj.cos())[:, None, None]
+    R_loc = torch.addcmul(torch.addcmul(mt.A0, s, mt.A1), c1, mt.A2)  # (nj, 3, 3, B)
+    # lin_dir is exactly zero on revolute joints, whatever the parameters.
+    p_loc = torch.addcmul(mt.p_tree, mt.lin_dir, qj[:, None]) if model._any_prismatic else mt.p_tree  # (nj, 3, B|1)
+    if small_batch(qT):
+        return _placements_by_jumping(model, qT, R_loc, p_loc)
     Rs: list[Tensor] = [None] * model.nb  # type: ignore[list-item]
     ps: list[Tensor] = [None] * model.nb  # type: ignore[list-item]
     off = model._nfree
@@ -201,6 +235,28 @@ def body_placements(model: RobotModel, mt: ModelTensors, qT: Tensor) -> tuple[Te
     return torch.stack(Rs), torch.stack(ps)
 
 
+def _placements_by_jumping(model: RobotModel, qT: Tensor, R_loc: Tensor, p_loc: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`body_placements` for small batches, as products of homogeneous transforms.
+
+    Each step composes every body's transform with the one 2^k levels up (pointer jumping), so a
+    depth-d tree takes ceil(log2 d) batched matrix products instead of d levels of elementwise
+    ones. Returns batch-last views of batch-first storage.
+    """
+    B = qT.shape[1]
+    R = R_loc.permute(0, 3, 1, 2)  # (nj, B, 3, 3)
+    p = p_loc.permute(0, 2, 1)[..., None].expand(-1, B, 3, 1)  # (nj, B, 3, 1)
+    if model._nfree:
+        R = torch.cat([quat_to_matrix_bl(qT[3:7]).permute(2, 0, 1)[None], R])
+        p = torch.cat([qT[:3].transpose(0, 1)[None, :, :, None], p])
+    eye = torch.eye(4, dtype=qT.dtype, device=qT.device)
+    T = torch.cat([torch.cat([R, p], -1), eye[3:].expand(model.nb, B, 1, 4)], -2)
+    T = torch.cat([T, eye.expand(1, B, 4, 4)])  # (nb + 1, B, 4, 4), the last the world
+    for anc in model._jumps:
+        T = T[anc] @ T
+    T = T[:-1]
+    return T[..., :3, :3].permute(0, 2, 3, 1), T[..., :3, 3].permute(0, 2, 1)
+
+
 def tree_state(model: RobotModel, q: Tensor, mt: ModelTensors | None = None, *, batch_last: bool = False) -> TreeState:
     """Body placements and world-frame motion subspaces for ``q (B, nq)`` (or ``(nq, B)``)."""
     if mt is None:
@@ -210,9 +266,11 @@ def tree_state(model: RobotModel, q: Tensor, mt: ModelTensors | None = None, *, 
     off = model._nfree
     Rj, pj = R[off:], p[off:]
     w_rot = mv(Rj, mt.rot_axis)  # (nj, 3, B)
-    w_lin = mv(Rj, mt.lin_axis)
     # A revolute axis through p with direction w moves the world origin with velocity p x w.
-    S = torch.cat([cross(pj, w_rot) + w_lin, w_rot], dim=-2)
+    lin = cross(pj, w_rot)
+    if model._any_prismatic:  # lin_axis is exactly zero on revolute joints
+        lin = lin + mv(Rj, mt.lin_axis)
+    S = torch.cat([lin, w_rot], dim=-2)
     if off:
         # Free-flyer columns: the base frame's axes, i.e. the columns of its motion transform.
         cols = R[0].transpose(0, 1)  # (3 axes, 3 components, B): the base frame's axes in the world
@@ -227,6 +285,8 @@ def world_inertia(ts: TreeState) -> RigidInertia:
     """Spatial inertias of all bodies in the world frame at the origin."""
     mt = ts.mt
     m = mt.body_mass[:, None]  # (nb, 1)
+    if small_batch(ts.p):
+        return _world_inertia_small(ts, m)
     hb = mv(ts.R, mt.body_h[..., None])  # body first moment, world axes, about the body origin
     Ib = mm(mm(ts.R, mt.body_I[..., None]), ts.R.transpose(1, 2))
     p = ts.p
@@ -240,6 +300,25 @@ def world_inertia(ts: TreeState) -> RigidInertia:
     return RigidInertia(m=m, h=h, I=I)
 
 
+def _world_inertia_small(ts: TreeState, m: Tensor) -> RigidInertia:
+    """:func:`world_inertia` by batched 3x3 matrix products (batch-first), for small batches."""
+    mt = ts.mt
+    R = ts.R.permute(0, 3, 1, 2)  # (nb, B, 3, 3)
+    p = ts.p.permute(0, 2, 1)[..., None]  # (nb, B, 3, 1)
+    hb = R @ mt.body_h[:, None, :, None]  # first moment about the body origin, world axes
+    Ib = R @ mt.body_I[:, None] @ R.transpose(-1, -2)
+    h = torch.addcmul(hb, m[..., None, None], p)
+    # Parallel axis from the body origin to the world origin: I = Ib + tr(W) 1 - W, W = h p^T + p hb^T.
+    W = torch.cat([h, p], -1) @ torch.cat([p, hb], -1).transpose(-1, -2)
+    tr = W.diagonal(0, -2, -1).sum(-1)[..., None, None]  # (nb, B, 1, 1)
+    eye = torch.eye(3, dtype=p.dtype, device=p.device)
+    I = torch.addcmul(Ib - W, tr, eye)
+    h_skew = torch.linalg.cross(h, eye.expand(1, 1, 3, 3), dim=-2)  # column i is h x e_i
+    m_eye = (m[..., None, None] * eye).expand_as(I)
+    full = torch.cat([torch.cat([m_eye, -h_skew], -1), torch.cat([h_skew, I], -1)], -2)  # (nb, B, 6, 6)
+    return RigidInertia(m=m, h=h[..., 0].permute(0, 2, 1), I=I.permute(0, 2, 3, 1), full=full.permute(0, 2, 3, 1))
+
+
 class VelocityTerms(NamedTuple):
     """What RNEA and ABA both derive from the velocities (batch-last)."""
 
@@ -249,14 +328,21 @@ class VelocityTerms(NamedTuple):
     bias: Tensor  # (nb, 6, B) V x* I V minus the external forces
 
 
-def velocity_terms(model: RobotModel, ts: TreeState, vT: Tensor, f_ext: Tensor | None) -> VelocityTerms:
-    """Body velocities, joint bias accelerations and body bias forces for ``vT (nv, B)``."""
-    inertia = world_inertia(ts)
+def velocity_terms(
+    model: RobotModel, ts: TreeState, vT: Tensor, f_ext: Tensor | None, inertia: RigidInertia | None = None
+) -> VelocityTerms:
+    """Body velocities, joint bias accelerations and body bias forces for ``vT (nv, B)``.
+
+    ``inertia`` is ``world_inertia(ts)`` when the caller already has it.
+    """
+    if inertia is None:
+        inertia = world_inertia(ts)
     mask_bd, _ = masks(model, vT)
     Sv = ts.S * vT[:, None]
     V = tree_sum(mask_bd, Sv)
-    # Each column moves with its body: d/dt S_d = V_body(d) x S_d.
-    c = motion_cross(V[model._dof_body], Sv)
+    # Each column moves with its body: d/dt S_d = V_body(d) x S_d. Without a floating base, DoF d
+    # is body d.
+    c = motion_cross(V[model._dof_body] if model._nfree else V, Sv)
     bias = force_cross(V, inertia.apply(V))
     if f_ext is not None:
         bias = bias - external_body_forces(model, ts, f_ext)
@@ -266,8 +352,11 @@ def velocity_terms(model: RobotModel, ts: TreeState, vT: Tensor, f_ext: Tensor |
 def masks(model: RobotModel, like: Tensor) -> tuple[Tensor, Tensor]:
     """``(mask_bd (nb, nv), mask_db (nv, nb))`` in ``like``'s dtype: ``mask_bd[i, d] = 1`` when
     joint ``d`` moves body ``i``."""
+    bd, db = model._mask_bd, model._mask_db
+    if bd.dtype == like.dtype and bd.device == like.device:
+        return bd, db
     kw = dict(dtype=like.dtype, device=like.device)
-    return model._mask_bd.to(**kw), model._mask_db.to(**kw)
+    return bd.to(**kw), db.to(**kw)
 
 
 def tree_sum(mask: Tensor, x: Tensor) -> Tensor:
@@ -277,7 +366,7 @@ def tree_sum(mask: Tensor, x: Tensor) -> Tensor:
 
 def gravity_acceleration(mt: ModelTensors) -> Tensor:
     """Spatial acceleration of the world that stands in for gravity, ``(6, 1)``: ``(-g; 0)``."""
-    return torch.cat([-mt.gravity, torch.zeros_like(mt.gravity)])[:, None]
+    return torch.nn.functional.pad(-mt.gravity, (0, 3))[:, None]
 
 
 def passive_forces(model: RobotModel, mt: ModelTensors, qT: Tensor, vT: Tensor) -> Tensor:
@@ -288,6 +377,15 @@ def passive_forces(model: RobotModel, mt: ModelTensors, qT: Tensor, vT: Tensor) 
     if model._nfree:
         tj = torch.cat([torch.zeros_like(vT[:6]), tj], dim=0)
     return tj
+
+
+def add_passive(model: RobotModel, mt: ModelTensors, tauT: Tensor, qT: Tensor, vT: Tensor, sign: float) -> Tensor:
+    """``tauT + sign * passive_forces(...)`` in fewer operations (``tauT (nv, B)``)."""
+    if model._nfree:
+        return tauT + sign * passive_forces(model, mt, qT, vT)
+    # Fixed base: every coordinate is a joint's, so both products fuse into tau with no slicing.
+    tauT = torch.addcmul(tauT, mt.damping[:, None], vT, value=-sign)
+    return torch.addcmul(tauT, mt.stiffness[:, None], qT - mt.rest[:, None], value=-sign)
 
 
 def external_body_forces(model: RobotModel, ts: TreeState, f_ext: Tensor) -> Tensor:

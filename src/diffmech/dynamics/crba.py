@@ -10,21 +10,28 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..model.robot import RobotModel
-from ._common import RigidInertia, TreeState, as_state, masks, tree_state, tree_sum, world_inertia
+from ._common import RigidInertia, TreeState, as_state, masks, mv_small, tree_state, tree_sum, world_inertia
 
 __all__ = ["crba", "crba_flat"]
 
 
-def crba_flat(model: RobotModel, q: Tensor, ts: TreeState | None = None) -> Tensor:
-    """CRBA on a flat batch: ``q (B, nq) -> M (B, nv, nv)``."""
+def crba_flat(model: RobotModel, q: Tensor, ts: TreeState | None = None, inertia: RigidInertia | None = None) -> Tensor:
+    """CRBA on a flat batch: ``q (B, nq) -> M (B, nv, nv)``.
+
+    ``ts`` and ``inertia`` (``world_inertia(ts)``) are reused when the caller already has them.
+    """
     if ts is None:
         ts = tree_state(model, q)
-    inertia = world_inertia(ts)
+    if inertia is None:
+        inertia = world_inertia(ts)
     _, mask_db = masks(model, q)
-    composite = RigidInertia(
-        m=mask_db @ inertia.m, h=tree_sum(mask_db, inertia.h), I=tree_sum(mask_db, inertia.I)
-    )
-    F = composite.apply(ts.S)  # (nv, 6, B)
+    if inertia.full is not None:  # small batch: sum the 6x6 matrices, one product with S
+        F = mv_small(tree_sum(mask_db, inertia.full), ts.S)  # (nv, 6, B)
+    else:
+        composite = RigidInertia(
+            m=mask_db @ inertia.m, h=tree_sum(mask_db, inertia.h), I=tree_sum(mask_db, inertia.I)
+        )
+        F = composite.apply(ts.S)
     vals = (ts.S[model._crba_d] * F[model._crba_e]).sum(1)  # (npairs, B)
     M = model._crba_scatter.to(vals.dtype) @ vals  # (nv * nv, B)
     return M.transpose(0, 1).reshape(-1, model.nv, model.nv)

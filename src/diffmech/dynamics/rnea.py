@@ -12,12 +12,13 @@ from torch import Tensor
 
 from ..model.robot import ModelTensors, RobotModel
 from ._common import (
+    RigidInertia,
     TreeState,
+    add_passive,
     as_state,
     f_ext_entry,
     gravity_acceleration,
     masks,
-    passive_forces,
     tree_state,
     tree_sum,
     velocity_terms,
@@ -39,17 +40,34 @@ def rnea_flat(
     """RNEA on flat batches: ``q (B, nq), v (B, nv), a (B, nv), f_ext (B, n_links, 6) -> (B, nv)``."""
     if ts is None:
         ts = tree_state(model, q, mt)
+    return rnea_bl(model, ts, q.transpose(0, 1), v.transpose(0, 1), a.transpose(0, 1), f_ext, passive).transpose(0, 1)
+
+
+def rnea_bl(
+    model: RobotModel,
+    ts: TreeState,
+    qT: Tensor,
+    vT: Tensor,
+    aT: Tensor | None,
+    f_ext: Tensor | None,
+    passive: bool,
+    inertia: RigidInertia | None = None,
+) -> Tensor:
+    """Batch-last RNEA: ``qT (nq, B), vT (nv, B), aT (nv, B) -> tau (nv, B)``.
+
+    ``aT=None`` stands for zero accelerations (the bias forces ``h``); ``inertia`` is
+    ``world_inertia(ts)`` when the caller already has it.
+    """
     mt = ts.mt
-    vT, aT = v.transpose(0, 1), a.transpose(0, 1)
     S = ts.S  # (nv, 6, B)
-    vt = velocity_terms(model, ts, vT, f_ext)
-    mask_bd, mask_db = masks(model, q)
-    A = tree_sum(mask_bd, S * aT[:, None] + vt.c) + gravity_acceleration(mt)
+    vt = velocity_terms(model, ts, vT, f_ext, inertia)
+    mask_bd, mask_db = masks(model, vT)
+    A = tree_sum(mask_bd, vt.c if aT is None else S * aT[:, None] + vt.c) + gravity_acceleration(mt)
     F = vt.inertia.apply(A) + vt.bias
     tau = (S * tree_sum(mask_db, F)).sum(1)  # project subtree forces on each joint, (nv, B)
     if passive:
-        tau = tau - passive_forces(model, mt, q.transpose(0, 1), vT)
-    return tau.transpose(0, 1)
+        tau = add_passive(model, mt, tau, qT, vT, -1.0)
+    return tau
 
 
 def rnea(

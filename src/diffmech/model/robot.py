@@ -313,6 +313,15 @@ class RobotModel(nn.Module):
             if not (nfree and idx == [0]):
                 order.extend(b + dof0 for b in idx)
         self._aba_gather = [order.index(d) for d in range(self.nv)]
+        # Pointer jumping for small-batch pose composition: row k maps each body (and the world,
+        # index nb) to its ancestor 2^k levels up, the world once past the root.
+        anc = [p if p >= 0 else self.nb for p in body_parent] + [self.nb]
+        jumps = []
+        while any(a != self.nb for a in anc):
+            jumps.append(anc)
+            anc = [anc[a] for a in anc]
+        self.register_buffer("_jumps", torch.tensor(jumps, dtype=torch.long).reshape(-1, self.nb + 1),
+                             persistent=False)
         self._world_links = [i for i, b in enumerate(link_body) if b < 0]
         self._q_joint_start = 7 * nfree
         self._v_joint_start = 6 * nfree
@@ -320,6 +329,7 @@ class RobotModel(nn.Module):
         # Link offsets are composed from the root through fixed joints: topological order suffices.
         kinds = [self._joint_specs[k].type for k in body_joint]
         self._is_prismatic = [t == "prismatic" for t in kinds]
+        self._any_prismatic = any(self._is_prismatic)
         lim = lambda attr: [float(getattr(self._joint_specs[k], attr)) for k in body_joint]  # noqa: E731
         self.register_buffer("position_lower", torch.tensor(lim("lower"), dtype=torch.float64), persistent=False)
         self.register_buffer("position_upper", torch.tensor(lim("upper"), dtype=torch.float64), persistent=False)
@@ -645,7 +655,7 @@ class RobotModel(nn.Module):
 
         return crba(self, q)
 
-    def forward_dynamics(self, q, v, tau, *, f_ext=None, passive: bool = True, method: str = "aba",
+    def forward_dynamics(self, q, v, tau, *, f_ext=None, passive: bool = True, method: str = "auto",
                          fast_grad: bool = True) -> Tensor:
         """Joint accelerations ``(..., nv)``; see :func:`diffmech.dynamics.aba.forward_dynamics`."""
         from ..dynamics.aba import forward_dynamics

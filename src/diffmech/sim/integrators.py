@@ -69,7 +69,7 @@ def _accel(robot: RobotModel, q: Tensor, v: Tensor, tau: Tensor, f_ext: Tensor |
     if accel is not None:
         return accel(q, v, tau, f_ext)
     # ABA forward, one M^{-1} solve + one RNEA VJP backward (implicit function theorem).
-    return forward_dynamics_flat(robot, q, v, tau, f_ext, passive, "aba", True)
+    return forward_dynamics_flat(robot, q, v, tau, f_ext, passive, "auto", True)
 
 
 def _advance(robot: RobotModel, q: Tensor, v: Tensor, dt: float) -> Tensor:

@@ -9,7 +9,7 @@ from its stored state, and propagates the adjoint (the cotangent of the state) t
 
 Memory therefore grows with ``steps x state size`` instead of with the graph of every step.
 The forward-dynamics values of the explicit integrators (one per stage) are kept too, so a
-rebuilt step does not run ABA again: its backward is one mass-matrix Cholesky solve and one RNEA
+rebuilt step does not run ABA again: its backward is one mass-matrix LU solve and one RNEA
 VJP per stage (the implicit-function-theorem gradient of
 :func:`diffmech.dynamics.aba.forward_dynamics`). The variational integrator restarts its Newton
 solve from the stored next state and differentiates it through :mod:`diffmech.implicit`.
@@ -118,7 +118,7 @@ class _ReplayedDynamics(torch.autograd.Function):
     Forward returns the recorded ``qdd``; backward is that of
     :func:`diffmech.dynamics.aba.forward_dynamics` (``lam = M^{-1} g`` is the cotangent of ``tau``;
     ``q``, ``v``, ``f_ext`` and the model parameters get the RNEA VJP with ``-lam`` at ``qdd``).
-    A recomputed step thus costs no ABA, only the mass matrix, its Cholesky factor and one RNEA VJP.
+    A recomputed step thus costs no ABA, only the mass matrix, its LU factors and one RNEA VJP.
     """
 
     @staticmethod
@@ -133,12 +133,10 @@ class _ReplayedDynamics(torch.autograd.Function):
         q, v, qdd, f_ext = ctx.saved_tensors
         needs = ctx.needs_input_grad
         robot, params = ctx.robot, ctx.params
-        # cholesky_ex: linalg.cholesky's error check costs ~10x the factorisation on tiny matrices
-        # when several threads are configured; a mass matrix is positive definite.
-        L, info = torch.linalg.cholesky_ex(crba_flat(robot, q))
-        if bool(info.any()):
-            raise SimulationError(f"rollout backward: the mass matrix of '{robot.name}' is not positive definite")
-        lam = torch.cholesky_solve(g[..., None], L)[..., 0]
+        # LU without error checks: MKL's Cholesky on tiny matrices stalls for milliseconds when a
+        # second thread is configured and the other core is busy; a mass matrix is never singular.
+        LU, piv, _ = torch.linalg.lu_factor_ex(crba_flat(robot, q))
+        lam = torch.linalg.lu_solve(LU, piv, g[..., None])[..., 0]
         flags = [needs[2], needs[3], f_ext is not None and needs[5]]
         p_idx = [i for i in range(len(params)) if needs[7 + i]]
         out: list[Tensor | None] = [None, None, None]
@@ -183,7 +181,7 @@ class _Tape:
         if self.dyn is not None:
             a = self.dyn.evaluate((q, v, tau), self.mt)
         else:
-            a = forward_dynamics_flat(self.robot, q, v, tau, f_ext, self.passive, "aba", True)
+            a = forward_dynamics_flat(self.robot, q, v, tau, f_ext, self.passive, "auto", True)
         self.A[self.k, self.s] = a
         self.s += 1
         return a
