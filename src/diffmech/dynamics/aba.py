@@ -39,6 +39,7 @@ from ._common import (
 )
 from .crba import crba_flat
 from .rnea import rnea_bl, rnea_flat
+from .rnea_vjp import rnea_vjp_bl, rnea_vjp_supported
 
 __all__ = ["aba", "forward_dynamics", "aba_flat", "forward_dynamics_flat", "METHODS"]
 
@@ -269,7 +270,15 @@ class _ForwardDynamics(torch.autograd.Function):
         flags = [needs[3], needs[4], needs[6] and f_ext is not None, *needs[7:]]
         wanted = [i for i, f in enumerate(flags) if f]
         grads: list[Tensor | None] = [None] * len(leaves)
-        if wanted:
+        if wanted and not any(flags[2:]) and rnea_vjp_supported(ctx.model, f_ext):
+            # Cotangents of the state only: the hand-written RNEA VJP (no graph to record and replay).
+            q, v, qdd = q.detach(), v.detach(), qdd.detach()
+            ts = tree_state(ctx.model, q, ModelTensors(*[t.detach() for t in mt_fields]))
+            gq, gv, _ = rnea_vjp_bl(ctx.model, ts, q.transpose(0, 1), v.transpose(0, 1), qdd.transpose(0, 1),
+                                    -lam.transpose(0, 1), ctx.passive)
+            grads[0] = gq.transpose(0, 1) if flags[0] else None
+            grads[1] = gv.transpose(0, 1) if flags[1] else None
+        elif wanted:
             with torch.enable_grad():
                 # Detached: the saved tensors may carry upstream graphs (e.g. a rollout), which this VJP must not walk.
                 inputs = [None if t is None else (t.detach().requires_grad_(True) if flags[i] else t.detach())
