@@ -57,3 +57,20 @@ def test_fast_forward_dynamics_backward_uses_it_and_matches(method):
         grads.append(torch.autograd.grad((w * qdd).sum(), ins))
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+def test_matches_central_differences():
+    """Directional derivative of lam . RNEA along random (dq, dv, da), by central differences."""
+    robot = get_robot("oblique_chain")
+    q, v, a, _ = random_state(robot, (3,), 7)
+    g = torch.Generator().manual_seed(8)
+    lam, dq, dv, da = (torch.randn(3, robot.nv, dtype=torch.float64, generator=g) for _ in range(4))
+    qbar, vbar, abar = rnea_vjp_bl(robot, tree_state(robot, q), q.T, v.T, a.T, lam.T, True)
+    pred = (qbar.T * dq + vbar.T * dv + abar.T * da).sum()
+    h = 1e-6
+
+    def f(s):
+        return (lam * rnea_flat(robot, q + s * h * dq, v + s * h * dv, a + s * h * da, None, True)).sum()
+
+    fd = (f(1.0) - f(-1.0)) / (2 * h)
+    assert abs(float(fd - pred)) < 1e-7 * max(1.0, abs(float(fd)))
