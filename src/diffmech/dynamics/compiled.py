@@ -6,8 +6,10 @@ cutting a large batch into cache-sized chunks keeps the working set in cache. Ea
 same shape (the last one is padded), so one compiled graph serves every batch size at or above the
 chunk size.
 
-The backward pass is compiled too: it is ``torch.func.vjp`` of the same algorithm, traced once
-per pattern of inputs that need a gradient. The model's parameters enter as the
+The backward pass is compiled too. A differentiable call runs the compiled function with autograd
+on, so torch.compile traces the joint forward-backward graph once per pattern of inputs that need a
+gradient; when the value is already known (a rollout replaying a recorded step), the backward is a
+separate compiled ``torch.func.vjp`` of the algorithm. The model's parameters enter as the
 :class:`~diffmech.model.robot.ModelTensors` fields, computed eagerly outside the compiled region
 (so learnable parameters and their parametrizations keep their ordinary autograd graph), and the
 compiled VJP returns the cotangents of those fields. Measured figures are in BENCHMARKS.md.
@@ -49,15 +51,17 @@ _ALGORITHMS: dict[str, tuple[int, Callable]] = {
 }
 
 
-def kernel_input(t: Tensor) -> Tensor:
+def kernel_input(t: Tensor, detach: bool = True) -> Tensor:
     """``t`` detached, with row-major strides (a copy only if needed).
 
     The compiled graphs are specialised to their inputs' strides and ``requires_grad`` flags: a
     view such as ``Q[:, k]`` of a trajectory would otherwise make torch.compile recompile for each
     trajectory length, and silently fall back to eager mode once its recompilation limit is
-    reached. The kernels are pure functions (their backward is a kernel too), so no graph is lost.
+    reached. The kernels are pure functions (their backward is a kernel too), so no graph is lost;
+    ``detach=False`` keeps the graph (the copy, if any, is differentiable).
     """
-    t = t.detach()
+    if detach:
+        t = t.detach()
     expected, acc = [], 1
     for n in reversed(t.shape):
         expected.append(acc)
@@ -156,11 +160,23 @@ class CompiledDynamics:
             out[i] = parts[0] if len(parts) == 1 else torch.cat(parts)
         return out
 
+    def evaluate_differentiable(self, args: Sequence[Tensor], mt: Sequence[Tensor]) -> Tensor:
+        """The algorithm's value with its graph, chunk by chunk. With autograd on, torch.compile
+        traces the joint forward and backward graph (AOTAutograd): the backward is compiled as
+        well and reuses the forward's intermediates instead of recomputing the algorithm."""
+        B = args[0].shape[0]
+        mt = [kernel_input(t, detach=False) for t in mt]
+        outs = [self._forward(*[kernel_input(self._pad(a, s, e), detach=False) for a in args], *mt)[: e - s]
+                for s, e in self._pieces(B)]
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
     def apply(self, args: Sequence[Tensor], mt: Sequence[Tensor], value: Tensor | None = None) -> Tensor:
-        """Evaluate with autograd support; ``value``, if given, is the already known output
-        (its backward is still the compiled VJP at ``args``)."""
+        """Evaluate with autograd support; ``value``, if given, is the already known output (its
+        backward is then the compiled VJP kernel at ``args``, which recomputes the algorithm)."""
         tensors = [*args, *mt]
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            if value is None:
+                return self.evaluate_differentiable(args, mt)
             return _Compiled.apply(self, value, *tensors)
         return value if value is not None else self.evaluate(args, mt)
 
@@ -231,9 +247,9 @@ def compiled(
     Returns:
         A :class:`CompiledDynamics`: a function of flat ``(B, n)`` tensors (one dtype, device and
         batch size) returning ``(B, nv)`` (``(B, nv, nv)`` for the mass matrix). Gradients w.r.t.
-        the inputs and the model's parameters come from a compiled ``torch.func.vjp`` of the
-        algorithm (first order only: a second backward raises). The first call for a new shape, and
-        the first backward for a new pattern of inputs needing gradients, compile (tens of seconds on
-        CPU; later processes reuse torch's on-disk cache).
+        the inputs and the model's parameters come from the compiled backward of the algorithm
+        (first order only: a second backward raises). The first call for a new shape, and the first
+        differentiable call for a new pattern of inputs needing gradients, compile (tens of seconds
+        on CPU; later processes reuse torch's on-disk cache).
     """
     return CompiledDynamics(model, algorithm, chunk, compile, passive, dict(compile_options))
