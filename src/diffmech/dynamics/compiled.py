@@ -205,12 +205,13 @@ class CompiledDynamics:
 
 
 class _Compiled(torch.autograd.Function):
+    """A known value whose backward is the compiled VJP kernel at the saved inputs."""
+
     @staticmethod
-    def forward(ctx, dyn: CompiledDynamics, value: Tensor | None, *tensors: Tensor) -> Tensor:
-        args, mt = tensors[: dyn.n_args], tensors[dyn.n_args:]
+    def forward(ctx, dyn: CompiledDynamics, value: Tensor, *tensors: Tensor) -> Tensor:
         ctx.dyn = dyn
         ctx.save_for_backward(*tensors)
-        return value.clone() if value is not None else dyn.evaluate(args, mt)
+        return value.clone()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
