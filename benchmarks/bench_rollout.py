@@ -407,9 +407,10 @@ def markdown(report: dict, configs, Ts) -> str:
         + (" **The simulation/dynamics sources changed during this run: cells mix code versions.**"
            if report.get("code_changed_during_run") else ""),
         "",
-        ("> Measured while other jobs loaded the 2 cores (load average above 1 at the start or the end): wall "
+        # The benchmark's own two threads account for a load average of about 2.
+        ("> Measured while other jobs loaded the 2 cores (load average above 2.5 at the start or the end): wall "
          "times are inflated and noisy; the CPU-time columns in `benchmarks/results/bench_rollout.json` are "
-         "less affected.\n" if max(report["load_before"][0], report["load_after"][0]) > 1.0 else ""),
+         "less affected.\n" if max(report["load_before"][0], report["load_after"][0]) > 2.5 else ""),
         "*diffmech checkpoint, compiled*: `rollout(..., compile=True)`: the forward step and the reverse step's "
         "VJP are each one `torch.compile`'d function (`diffmech.sim.compiled_step`); compiled once per process "
         "and batch size before the timed run (first-call seconds: " + _warmups(report["cells"]) + "); its "
