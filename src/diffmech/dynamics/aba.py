@@ -39,7 +39,7 @@ from ._common import (
 )
 from .crba import crba_flat
 from .rnea import rnea_bl, rnea_flat
-from .rnea_vjp import rnea_vjp_bl, rnea_vjp_supported
+from .rnea_vjp import rnea_state_vjp, rnea_vjp_supported
 
 __all__ = ["aba", "forward_dynamics", "aba_flat", "forward_dynamics_flat", "METHODS"]
 
@@ -272,12 +272,10 @@ class _ForwardDynamics(torch.autograd.Function):
         grads: list[Tensor | None] = [None] * len(leaves)
         if wanted and not any(flags[2:]) and rnea_vjp_supported(ctx.model, f_ext):
             # Cotangents of the state only: the hand-written RNEA VJP (no graph to record and replay).
-            q, v, qdd = q.detach(), v.detach(), qdd.detach()
-            ts = tree_state(ctx.model, q, ModelTensors(*[t.detach() for t in mt_fields]))
-            gq, gv, _ = rnea_vjp_bl(ctx.model, ts, q.transpose(0, 1), v.transpose(0, 1), qdd.transpose(0, 1),
-                                    -lam.transpose(0, 1), ctx.passive)
-            grads[0] = gq.transpose(0, 1) if flags[0] else None
-            grads[1] = gv.transpose(0, 1) if flags[1] else None
+            ts = tree_state(ctx.model, q.detach(), ModelTensors(*[t.detach() for t in mt_fields]))
+            gq, gv = rnea_state_vjp(ctx.model, q, v, qdd, -lam, ctx.passive, ts)
+            grads[0] = gq if flags[0] else None
+            grads[1] = gv if flags[1] else None
         elif wanted:
             with torch.enable_grad():
                 # Detached: the saved tensors may carry upstream graphs (e.g. a rollout), which this VJP must not walk.

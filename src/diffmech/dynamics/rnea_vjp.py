@@ -36,11 +36,12 @@ from ._common import (
     gravity_acceleration,
     masks,
     motion_cross,
+    tree_state,
     tree_sum,
     world_inertia,
 )
 
-__all__ = ["rnea_vjp_supported", "rnea_vjp_bl"]
+__all__ = ["rnea_vjp_supported", "rnea_vjp_bl", "rnea_state_vjp"]
 
 
 def rnea_vjp_supported(model: RobotModel, f_ext: Tensor | None) -> bool:
@@ -99,3 +100,23 @@ def rnea_vjp_bl(
         vbar = vbar + mt.damping[:, None] * lamT
         qbar = qbar + mt.stiffness[:, None] * lamT
     return qbar, vbar, abar
+
+
+def rnea_state_vjp(
+    model: RobotModel,
+    q: Tensor,
+    v: Tensor,
+    a: Tensor,
+    lam: Tensor,
+    passive: bool,
+    ts: TreeState | None = None,
+    inertia: RigidInertia | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Batch-first :func:`rnea_vjp_bl` for backward passes: ``q (B, nq), v, a, lam (B, nv) ->
+    (qbar, vbar)``, each (B, nv), with no graph (inputs are detached)."""
+    q, v, a = q.detach(), v.detach(), a.detach()
+    if ts is None:
+        ts = tree_state(model, q)
+    qbar, vbar, _ = rnea_vjp_bl(model, ts, q.transpose(0, 1), v.transpose(0, 1), a.transpose(0, 1),
+                                lam.transpose(0, 1), passive, inertia)
+    return qbar.transpose(0, 1), vbar.transpose(0, 1)

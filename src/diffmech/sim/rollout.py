@@ -28,11 +28,11 @@ import torch
 from torch import Tensor, nn
 
 from ..dynamics._common import tree_state, world_inertia
-from ..dynamics.aba import forward_dynamics_flat
+from ..dynamics.aba import _lu_apply, forward_dynamics_flat
 from ..dynamics.compiled import CompiledDynamics, compiled
 from ..dynamics.crba import crba_flat
 from ..dynamics.rnea import rnea_flat
-from ..dynamics.rnea_vjp import rnea_vjp_bl, rnea_vjp_supported
+from ..dynamics.rnea_vjp import rnea_state_vjp, rnea_vjp_supported
 from ..errors import ShapeError, SimulationError
 from ..model.robot import RobotModel
 from .compiled_step import CompiledStep
@@ -135,8 +135,6 @@ class _ReplayedDynamics(torch.autograd.Function):
         q, v, qdd, f_ext = ctx.saved_tensors
         needs = ctx.needs_input_grad
         robot, params = ctx.robot, ctx.params
-        # LU without error checks: MKL's Cholesky on tiny matrices stalls for milliseconds when a
-        # second thread is configured and the other core is busy; a mass matrix is never singular.
         q, v, qdd = q.detach(), v.detach(), qdd.detach()
         flags = [needs[2], needs[3], f_ext is not None and needs[5]]
         p_idx = [i for i in range(len(params)) if needs[7 + i]]
@@ -144,16 +142,16 @@ class _ReplayedDynamics(torch.autograd.Function):
         # The hand-written VJP shares the kinematic pass and the world inertias with the mass matrix.
         ts = tree_state(robot, q) if hand else None
         inertia = world_inertia(ts) if hand else None
+        # LU without error checks (as forward dynamics): a mass matrix is never singular.
         LU, piv, _ = torch.linalg.lu_factor_ex(crba_flat(robot, q, ts, inertia))
-        lam = torch.linalg.lu_solve(LU, piv, g[..., None])[..., 0]
+        lam = _lu_apply(LU, piv, g)
         out: list[Tensor | None] = [None, None, None]
         g_p: list[Tensor | None] = [None] * len(params)
         if hand:
             # Cotangents of the state only: the hand-written RNEA VJP (no graph to record and replay).
-            gq, gv, _ = rnea_vjp_bl(robot, ts, q.transpose(0, 1), v.transpose(0, 1), qdd.transpose(0, 1),
-                                    -lam.transpose(0, 1), ctx.passive, inertia)
-            out[0] = gq.transpose(0, 1) if flags[0] else None
-            out[1] = gv.transpose(0, 1) if flags[1] else None
+            gq, gv = rnea_state_vjp(robot, q, v, qdd, -lam, ctx.passive, ts, inertia)
+            out[0] = gq if flags[0] else None
+            out[1] = gv if flags[1] else None
         elif any(flags) or p_idx:
             with torch.enable_grad():
                 leaves = [t.detach().requires_grad_(f) if t is not None else None for t, f in zip((q, v, f_ext), flags)]
