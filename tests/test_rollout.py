@@ -200,9 +200,11 @@ def test_checkpoint_interval(integrator, every, T):
 
 
 @pytest.mark.parametrize("integrator", ["semi_implicit_euler", "rk4"])
-def test_floating_base_laikago(integrator):
+@pytest.mark.parametrize("learnable", [True, False])  # False: the replayed steps take the hand-written RNEA VJP
+def test_floating_base_laikago(integrator, learnable):
     robot = copy.deepcopy(_load("laikago"))
-    robot.make_link_param_learnable(robot.link_names[1], "mass")
+    if learnable:
+        robot.make_link_param_learnable(robot.link_names[1], "mass")
     g = torch.Generator().manual_seed(3)
     T = 4
     q0 = robot.random_configuration(2, generator=g).requires_grad_(True)
@@ -335,3 +337,45 @@ def test_external_forces_gradient():
         res[adjoint] = torch.autograd.grad((q**2).sum() + (v**2).sum(), f_ext)
     _assert_same(res["checkpoint"], res["autograd"])
     assert res["checkpoint"][0][:, :, 2:].abs().max() > 0  # the moving links feel their forces
+
+
+# ---------------------------------------------------------------- hand-written reverse steps
+@pytest.mark.parametrize("integrator", ["euler", "semi_implicit_euler"])
+@pytest.mark.parametrize("which, batch", [("iiwa", (1,)), ("laikago", (1,)), ("laikago", (2,))])
+@pytest.mark.parametrize("mode", ["time_batched", "time_batched_chunks", "sequential"])
+@pytest.mark.parametrize("every", [1, 3])
+def test_hand_reverse_steps_match_autograd(monkeypatch, integrator, which, batch, mode, every):
+    """State-only gradients (tensor controls, no learnable parameter) take the hand-written reverse
+    step: sequentially, or with the step Jacobians batched over time (in one chunk or in several)."""
+    import importlib
+
+    ro = importlib.import_module("diffmech.sim.rollout")
+
+    monkeypatch.setattr(ro, "TIME_BATCHED_MAX_ROWS", 0 if mode == "sequential" else 10**6)
+    if mode == "time_batched_chunks":
+        monkeypatch.setattr(ro, "_TIME_BATCHED_CHUNK_ROWS", 1)  # one step per chunk
+    cls = type(diffmech.sim.get_integrator(integrator))
+    calls = []
+    orig = cls.step_vjp_flat
+    monkeypatch.setattr(cls, "step_vjp_flat", lambda self, *a: calls.append(a[1].shape[0]) or orig(self, *a))
+    robot = _load(which)
+    g = torch.Generator().manual_seed(11)
+    T = 7
+    q0 = robot.random_configuration(*batch, generator=g).requires_grad_(True)
+    v0 = (0.5 * torch.randn(*batch, robot.nv, dtype=DT, generator=g)).requires_grad_(True)
+    tau = torch.randn(*batch, T, robot.nv, dtype=DT, generator=g).requires_grad_(True)
+    wq = torch.randn(*batch, T + 1, robot.nq, dtype=DT, generator=g)
+    wv = torch.randn(*batch, T + 1, robot.nv, dtype=DT, generator=g)
+    kw = dict(integrator=integrator)
+    _, g_ck = _grads(robot, q0, v0, tau, wq, wv, 1e-2, checkpoint_every=every, **kw)
+    _, g_ag = _grads(robot, q0, v0, tau, wq, wv, 1e-2, adjoint="autograd", **kw)
+    _assert_same(g_ck, g_ag)
+    # The hand-written path ran: once per step, or on (steps x unit cotangents) rows per chunk.
+    m = robot.nq + robot.nv
+    B = batch[0]
+    if mode == "sequential":
+        assert calls == [B] * T
+    elif mode == "time_batched_chunks":
+        assert calls == [m * B] * T
+    else:
+        assert sum(calls) == T * m * B and len(calls) == (1 if every == 1 else -(-T // every))

@@ -184,8 +184,13 @@ def _block(a: Tensor, b: Tensor, c: Tensor, d: Tensor) -> Tensor:
 
 
 def quat_to_matrix_bl(quat: Tensor) -> Tensor:
-    """Unit quaternions ``(4, B)`` ``(x, y, z, w)`` -> rotations ``(3, 3, B)``."""
-    x, y, z, w = quat.unbind(0)
+    """Quaternions ``(4, B)`` ``(x, y, z, w)`` -> rotations ``(3, 3, B)``.
+
+    The quaternion is normalised first: a configuration whose quaternion drifted from unit norm
+    means the same orientation, and the derivative w.r.t. the quaternion has no radial component
+    (which the hand-written RNEA VJP relies on).
+    """
+    x, y, z, w = (quat / quat.norm(dim=0, keepdim=True)).unbind(0)
     rows = [
         1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w),
         2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w),

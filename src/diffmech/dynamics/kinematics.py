@@ -9,6 +9,7 @@ from .. import spatial
 from ..errors import ShapeError
 from ..model.robot import RobotModel
 from ._common import TreeState, as_state, masks, tree_state
+from .free_flyer import free_flyer_integrate
 
 __all__ = ["forward_kinematics", "link_pose", "jacobian", "center_of_mass", "integrate", "link_placements"]
 
@@ -133,7 +134,8 @@ def integrate(model: RobotModel, q: Tensor, v: Tensor, dt: float | Tensor = 1.0)
     """Configuration after moving with constant velocity ``v`` for ``dt`` seconds.
 
     Joints: ``q + v dt``. Floating base: ``T_next = T exp(v_base dt)`` (``v_base`` in the base
-    frame, Pinocchio's ``integrate``), with the quaternion kept unit norm.
+    frame, Pinocchio's ``integrate``), with the quaternion kept unit norm (and normalised before
+    use, so a drifted input quaternion stands for its orientation); see :mod:`.free_flyer`.
 
     Args:
         q: (..., nq); v: (..., nv); dt: scalar or tensor broadcastable to the batch.
@@ -154,18 +156,4 @@ def integrate(model: RobotModel, q: Tensor, v: Tensor, dt: float | Tensor = 1.0)
     dv = vf * dt
     if not model.floating_base:
         return (qf + dv).reshape(*batch, model.nq)
-    quat = qf[:, 3:7]
-    R = spatial.quat_to_matrix(quat)
-    _, p_e = spatial.se3_exp(dv[:, :6])
-    pos = qf[:, :3] + (R @ p_e[..., None])[..., 0]
-    w = dv[:, 3:6]
-    half2 = (w * w).sum(-1, keepdim=True) / 4
-    small = half2 < 1e-12
-    safe = torch.where(small, torch.ones_like(half2), half2).sqrt()
-    s = torch.where(small, 0.5 - half2 / 12, torch.sin(safe) / (2 * safe))  # sin(|w|/2)/|w|
-    cw = torch.where(small, 1 - half2 / 2, torch.cos(safe))
-    dq = torch.cat([w * s, cw], dim=-1)
-    quat_new = spatial.quat_multiply(quat, dq)
-    quat_new = quat_new / quat_new.norm(dim=-1, keepdim=True)
-    out = torch.cat([pos, quat_new, qf[:, 7:] + dv[:, 6:]], dim=-1)
-    return out.reshape(*batch, model.nq)
+    return free_flyer_integrate(qf, dv).reshape(*batch, model.nq)

@@ -19,19 +19,27 @@ RNEA computes ``V = sum_anc S v``, ``c_d = V_d x (S_d v_d)``, ``A = sum_anc (S a
   ``G = -Fbar x* (I A) - A x* (I Fbar) + W x* (I V) + V x* (I W)``, ``W = V x Fbar``, and
   ``Sbar_d = lam_d sum_sub F + a_d cbar_d + v_d (sum_sub Vbar - V_d x* cbar_d)``.
 
-Scope: fixed-base robots without external forces, cotangents of ``q``, ``v`` and ``a`` only.
-Callers fall back to autograd otherwise (a floating base's quaternion coordinates, ``f_ext``,
-learnable model parameters).
+Floating base: its six DoFs share body 0, so the per-DoF terms ``(S v) x* cbar`` and
+``S x* Sbar`` are summed over a body's DoFs before the subtree sums, and ``V`` in ``c_d`` is the
+velocity of DoF ``d``'s body. The base cotangent comes out in the tangent space (the derivative
+along the base's own columns ``S_0..5``, a body twist ``(g_lin; g_ang)``); it maps to the
+coordinates as ``pbar = R g_lin`` and ``quatbar = 2 quat * (g_ang, 0) / |quat|`` (Hamilton product),
+exact because the kinematics normalise the quaternion (no radial component).
+
+Scope: no external forces, cotangents of ``q``, ``v`` and ``a`` only. Callers fall back to
+autograd otherwise (``f_ext``, learnable model parameters).
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ..model.robot import RobotModel
 from ._common import (
     RigidInertia,
     TreeState,
+    cross,
     force_cross,
     gravity_acceleration,
     masks,
@@ -46,7 +54,7 @@ __all__ = ["rnea_vjp_supported", "rnea_vjp_bl", "rnea_state_vjp"]
 
 def rnea_vjp_supported(model: RobotModel, f_ext: Tensor | None) -> bool:
     """Whether :func:`rnea_vjp_bl` covers this call (else use autograd)."""
-    return not model._nfree and f_ext is None
+    return f_ext is None
 
 
 def rnea_vjp_bl(
@@ -62,22 +70,24 @@ def rnea_vjp_bl(
     """Cotangents of RNEA's inputs for a cotangent ``lamT (nv, B)`` of its output (batch-last).
 
     Args:
-        ts: the kinematic pass at ``qT (nq, B)`` (fixed base: ``nq = nv = n_bodies``).
-        vT, aT: (nv, B) velocities and accelerations.
+        ts: the kinematic pass at ``qT (nq, B)``.
+        vT, aT: (nv, B) velocities and accelerations (a floating base: body twist first).
         passive: whether the RNEA being differentiated includes the joint damping and springs.
         inertia: ``world_inertia(ts)`` if the caller has it.
 
     Returns:
-        ``(qbar, vbar, abar)``, each (nv, B).
+        ``(qbar (nq, B), vbar (nv, B), abar (nv, B))``.
     """
     mt = ts.mt
-    S = ts.S  # (nv, 6, B); fixed base: DoF d moves body d
+    S = ts.S  # (nv, 6, B)
+    free = bool(model._nfree)
     I = inertia if inertia is not None else world_inertia(ts)
     mask_bd, mask_db = masks(model, vT)
     # Forward sweep: the intermediates of RNEA.
     Sv = S * vT[:, None]
     V = tree_sum(mask_bd, Sv)
-    c = motion_cross(V, Sv)
+    Vd = _per_dof(V) if free else V  # velocity of each DoF's body
+    c = motion_cross(Vd, Sv)
     A = tree_sum(mask_bd, S * aT[:, None] + c) + gravity_acceleration(mt)
     IV = I.apply(V)
     IA = I.apply(A)
@@ -88,18 +98,53 @@ def rnea_vjp_bl(
     W = motion_cross(V, Fbar)
     IW = I.apply(W)
     cbar = tree_sum(mask_db, Abar)
-    sbar = -force_cross(V, cbar)  # cotangent of S_d v_d through c_d
-    Vbar = force_cross(Sv, cbar) - force_cross(Fbar, IV) - IW
+    sbar = -force_cross(Vd, cbar)  # cotangent of S_d v_d through c_d
+    Vbar = _per_body(force_cross(Sv, cbar), free) - force_cross(Fbar, IV) - IW
     Vc = tree_sum(mask_db, Vbar) + sbar
     abar = (S * cbar).sum(1)
     vbar = (S * Vc).sum(1)
     Sbar = lamT[:, None] * Fc + aT[:, None] * cbar + vT[:, None] * Vc
     G = force_cross(W, IV) + force_cross(V, IW) - force_cross(Fbar, IA) - force_cross(A, Abar)
-    qbar = (S * tree_sum(mask_db, G + force_cross(S, Sbar))).sum(1)
-    if passive:  # tau includes + damping v + stiffness (q - rest)
-        vbar = vbar + mt.damping[:, None] * lamT
-        qbar = qbar + mt.stiffness[:, None] * lamT
+    qbar = (S * tree_sum(mask_db, G + _per_body(force_cross(S, Sbar), free))).sum(1)  # tangent space
+    if passive:  # tau includes + damping v + stiffness (q - rest) on the joints
+        j = model._v_joint_start
+        lam_j = lamT[j:]
+        vbar = torch.cat([vbar[:j], torch.addcmul(vbar[j:], mt.damping[:, None], lam_j)]) if free else \
+            torch.addcmul(vbar, mt.damping[:, None], lam_j)
+        qbar = torch.cat([qbar[:j], torch.addcmul(qbar[j:], mt.stiffness[:, None], lam_j)]) if free else \
+            torch.addcmul(qbar, mt.stiffness[:, None], lam_j)
+    if free:
+        qbar = torch.cat([_base_coordinates_cotangent(ts, qT[3:7], qbar[:6]), qbar[6:]])
     return qbar, vbar, abar
+
+
+def _per_dof(x: Tensor) -> Tensor:
+    """Floating base: a per-body ``(nb, ...)`` tensor at each DoF's body ``(nv, ...)`` (six base DoFs, one body)."""
+    return torch.cat([x[:1].expand(6, *x.shape[1:]), x[1:]])
+
+
+def _per_body(x: Tensor, free: bool) -> Tensor:
+    """Sum a per-DoF ``(nv, ...)`` tensor over each body's DoFs -> ``(nb, ...)``."""
+    return torch.cat([x[:6].sum(0, keepdim=True), x[6:]]) if free else x
+
+
+def _base_coordinates_cotangent(ts: TreeState, quat: Tensor, g: Tensor) -> Tensor:
+    """Map a base tangent cotangent ``g (6, B)`` (derivative along the base's body twist) to its
+    coordinates ``(x, y, z, qx, qy, qz, qw)`` -> ``(7, B)``.
+
+    A unit translation along base axis ``i`` moves the position by ``R e_i``; a unit rotation about
+    it multiplies the quaternion on the right by ``(e_i / 2, 1)``. The quaternion enters the
+    kinematics normalised, so its cotangent is tangent to the sphere and scales with ``1/|quat|``.
+    """
+    R0 = ts.R[0]  # (3, 3, B)
+    pbar = (R0 * g[None, :3]).sum(1)
+    n = quat.norm(dim=0, keepdim=True)
+    u, w = quat[:3] / n, quat[3:] / n
+    ga = g[3:]
+    scale = 2.0 / n
+    vec = (w * ga + cross(u, ga)) * scale
+    real = -(u * ga).sum(0, keepdim=True) * scale
+    return torch.cat([pbar, vec, real])
 
 
 def rnea_state_vjp(
@@ -113,7 +158,7 @@ def rnea_state_vjp(
     inertia: RigidInertia | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Batch-first :func:`rnea_vjp_bl` for backward passes: ``q (B, nq), v, a, lam (B, nv) ->
-    (qbar, vbar)``, each (B, nv), with no graph (inputs are detached)."""
+    (qbar (B, nq), vbar (B, nv))``, with no graph (inputs are detached)."""
     q, v, a = q.detach(), v.detach(), a.detach()
     if ts is None:
         ts = tree_state(model, q)

@@ -40,7 +40,6 @@ import torch
 from torch import Tensor
 
 from .. import spatial
-from ..dynamics import kinematics as _kin
 from ..dynamics._common import (
     RigidInertia,
     external_body_forces,
@@ -54,6 +53,7 @@ from ..dynamics._common import (
     world_inertia,
 )
 from ..dynamics.aba import forward_dynamics_flat
+from ..dynamics.free_flyer import free_flyer_integrate, free_flyer_vjp
 from ..errors import ModelError, ShapeError
 from ..implicit import newton_solve
 from ..model.robot import ModelTensors, RobotModel
@@ -76,7 +76,15 @@ def _advance(robot: RobotModel, q: Tensor, v: Tensor, dt: float) -> Tensor:
     """Flat ``q (B, nq)`` moved with constant velocity ``v (B, nv)`` for ``dt`` (on the manifold)."""
     if not robot.floating_base:
         return q + dt * v
-    return _kin.integrate(robot, q, v, dt)
+    return free_flyer_integrate(q, dt * v)
+
+
+def _advance_vjp(robot: RobotModel, q: Tensor, v: Tensor, dt: float, g: Tensor) -> tuple[Tensor, Tensor]:
+    """Cotangents ``(qbar (B, nq), vbar (B, nv))`` of :func:`_advance` for ``g (B, nq)``, no graph."""
+    if not robot.floating_base:
+        return g, dt * g
+    qbar, dvbar = free_flyer_vjp(q, dt * v, g)
+    return qbar, dt * dvbar
 
 
 def _flatten(robot: RobotModel, entries: list) -> tuple[list[Tensor], tuple[int, ...]]:
@@ -261,6 +269,7 @@ class Integrator(abc.ABC):
     implicit = False
     supports_floating_base = True
     accel_calls = 0  # forward-dynamics evaluations per step whose values a recomputed step can reuse
+    hand_vjp = False  # whether :meth:`step_vjp_flat` is implemented
 
     def __call__(
         self,
@@ -332,6 +341,27 @@ class Integrator(abc.ABC):
         uses it to record the accelerations of the forward pass and replay them in the backward.
         """
 
+    def step_vjp_flat(
+        self,
+        robot: RobotModel,
+        q: Tensor,
+        v: Tensor,
+        accels: Tensor,
+        dt: float,
+        gq1: Tensor,
+        gv1: Tensor,
+        dynamics_vjp: Callable,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Reverse step written by hand, with no graph: cotangents of ``(q, v, tau)`` for cotangents
+        ``gq1 (B, nq), gv1 (B, nv)`` of the step's outputs.
+
+        ``accels (accel_calls, B, nv)`` are the step's forward-dynamics values (as recorded
+        going forward); ``dynamics_vjp(q, v, qdd, g) -> (qbar, vbar, taubar)`` is the VJP of the
+        forward dynamics at one of them. Only integrators with ``hand_vjp`` implement it;
+        :func:`diffmech.sim.rollout` replays the others under autograd.
+        """
+        raise NotImplementedError(f"integrator '{self.name}' has no hand-written reverse step")
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
@@ -342,10 +372,16 @@ class ExplicitEuler(Integrator):
     name = "euler"
     order = 1
     accel_calls = 1
+    hand_vjp = True
 
     def step_flat(self, robot, q, v, tau, dt, f_ext=None, passive=True, *, context="", hint=None, accel=None):
         a = _accel(robot, q, v, tau, f_ext, passive, accel)
         return _advance(robot, q, v, dt), v + dt * a
+
+    def step_vjp_flat(self, robot, q, v, accels, dt, gq1, gv1, dynamics_vjp):
+        gq, gv = _advance_vjp(robot, q, v, dt, gq1)
+        gq_d, gv_d, g_tau = dynamics_vjp(q, v, accels[0], dt * gv1)
+        return gq + gq_d, gv + gv1 + gv_d, g_tau
 
 
 class SemiImplicitEuler(Integrator):
@@ -357,10 +393,18 @@ class SemiImplicitEuler(Integrator):
     name = "semi_implicit_euler"
     order = 1
     accel_calls = 1
+    hand_vjp = True
 
     def step_flat(self, robot, q, v, tau, dt, f_ext=None, passive=True, *, context="", hint=None, accel=None):
         v1 = v + dt * _accel(robot, q, v, tau, f_ext, passive, accel)
         return _advance(robot, q, v1, dt), v1
+
+    def step_vjp_flat(self, robot, q, v, accels, dt, gq1, gv1, dynamics_vjp):
+        a = accels[0]
+        gq, gv_adv = _advance_vjp(robot, q, v + dt * a, dt, gq1)
+        gv1 = gv1 + gv_adv
+        gq_d, gv_d, g_tau = dynamics_vjp(q, v, a, dt * gv1)
+        return gq + gq_d, gv1 + gv_d, g_tau
 
 
 class ExplicitMidpoint(Integrator):
