@@ -27,6 +27,8 @@ from torch import Tensor
 from ..errors import ShapeError
 from ..model.robot import ModelTensors, RobotModel
 from ._common import (
+    RigidInertia,
+    TreeState,
     add_passive,
     as_state,
     f_ext_entry,
@@ -70,6 +72,7 @@ class _Factors(NamedTuple):
 
     levels: list[_Level]  # deepest first
     root: tuple[Tensor, Tensor, Tensor] | None  # floating base: (S0 (6 comp, 6 dof, B), U0, D0)
+    kinematics: tuple[TreeState, RigidInertia]  # the kinematic pass and world inertias at q
 
 
 def _aba(model: RobotModel, q: Tensor, v: Tensor, tau: Tensor, f_ext, passive: bool, mt) -> tuple[Tensor, _Factors]:
@@ -138,7 +141,7 @@ def _aba(model: RobotModel, q: Tensor, v: Tensor, tau: Tensor, f_ext, passive: b
                 A[b] = Al[k]
             pieces.append(ql)
     qdd = torch.cat(pieces, 0)[model._aba_gather]  # (nv, B) in DoF order
-    return qdd.transpose(0, 1), _Factors(levels, root)
+    return qdd.transpose(0, 1), _Factors(levels, root, (ts, vt.inertia))
 
 
 def _parent_accel(A: list[Tensor], par: list[int], a_world: Tensor) -> Tensor:
@@ -212,8 +215,9 @@ def aba_flat(
     return _aba(model, q, v, tau, f_ext, passive, mt)[0]
 
 
-def _solve_crba(model, q, v, tau, f_ext, passive, mt) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    """``qdd (B, nv)`` from the mass matrix and the bias forces, and the LU factors of ``M``."""
+def _solve_crba(model, q, v, tau, f_ext, passive, mt) -> tuple[Tensor, tuple[Tensor, Tensor], tuple]:
+    """``qdd (B, nv)`` from the mass matrix and the bias forces, the LU factors of ``M``, and the
+    kinematic pass with the world inertias."""
     ts = tree_state(model, q, mt)
     inertia = world_inertia(ts)
     M = crba_flat(model, q, ts, inertia)
@@ -223,7 +227,7 @@ def _solve_crba(model, q, v, tau, f_ext, passive, mt) -> tuple[Tensor, tuple[Ten
     # thread), and getrf/getrs do not. M is positive definite, so no pivot vanishes and the info
     # flag need not be checked (no sync).
     LU, piv, _ = torch.linalg.lu_factor_ex(M)
-    return _lu_apply(LU, piv, tau - h), (LU, piv)
+    return _lu_apply(LU, piv, tau - h), (LU, piv), (ts, inertia)
 
 
 def _lu_apply(LU: Tensor, piv: Tensor, b: Tensor) -> Tensor:
@@ -249,9 +253,12 @@ class _ForwardDynamics(torch.autograd.Function):
         if method == "aba":
             qdd, factors = _aba(model, q, v, tau, f_ext, passive, mt)
             ctx.inverse = lambda g: apply_inverse_mass(model, factors, g)
+            kinematics = factors.kinematics
         else:
-            qdd, (LU, piv) = _solve_crba(model, q, v, tau, f_ext, passive, mt)
+            qdd, (LU, piv), kinematics = _solve_crba(model, q, v, tau, f_ext, passive, mt)
             ctx.inverse = lambda g: _lu_apply(LU, piv, g)
+        # Kept for the hand-written backward (inputs and model tensors are constants in here).
+        ctx.kinematics = kinematics
         ctx.model, ctx.passive, ctx.method, ctx.saved_tau = model, passive, method, tau
         ctx.has_f_ext = f_ext is not None
         ctx.save_for_backward(q, v, qdd, f_ext if f_ext is not None else q.new_empty(0), *mt_fields)
@@ -271,9 +278,10 @@ class _ForwardDynamics(torch.autograd.Function):
         wanted = [i for i, f in enumerate(flags) if f]
         grads: list[Tensor | None] = [None] * len(leaves)
         if wanted and not any(flags[2:]) and rnea_vjp_supported(ctx.model, f_ext):
-            # Cotangents of the state only: the hand-written RNEA VJP (no graph to record and replay).
-            ts = tree_state(ctx.model, q.detach(), ModelTensors(*[t.detach() for t in mt_fields]))
-            gq, gv = rnea_state_vjp(ctx.model, q, v, qdd, -lam, ctx.passive, ts)
+            # Cotangents of the state only: the hand-written RNEA VJP (no graph to record and replay),
+            # on the forward pass's kinematics.
+            ts, inertia = ctx.kinematics
+            gq, gv = rnea_state_vjp(ctx.model, q, v, qdd, -lam, ctx.passive, ts, inertia)
             grads[0] = gq if flags[0] else None
             grads[1] = gv if flags[1] else None
         elif wanted:
@@ -295,8 +303,8 @@ class _ForwardDynamics(torch.autograd.Function):
         """Backward with ``create_graph=True``: differentiate a re-run of the plain algorithm, so
         that higher derivatives are exact (slower; only used when a graph of the gradient is asked for)."""
         tau = ctx.saved_tau
-        qdd = (_aba(ctx.model, q, v, tau, f_ext, ctx.passive, ModelTensors(*mt_fields))[0] if ctx.method == "aba"
-               else _solve_crba(ctx.model, q, v, tau, f_ext, ctx.passive, ModelTensors(*mt_fields))[0])
+        qdd = (_aba if ctx.method == "aba" else _solve_crba)(ctx.model, q, v, tau, f_ext, ctx.passive,
+                                                             ModelTensors(*mt_fields))[0]
         ins = [q, v, tau, f_ext, *mt_fields]
         wanted = [i for i, t in enumerate(ins) if t is not None and ctx.needs_input_grad[3 + i]]
         got = torch.autograd.grad(qdd, [ins[i] for i in wanted], g, create_graph=True, allow_unused=True)

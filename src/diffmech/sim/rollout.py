@@ -26,6 +26,7 @@ matrix product per step stays sequential.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import weakref
@@ -35,12 +36,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from ..dynamics._common import tree_state, world_inertia
+from ..dynamics._common import RigidInertia, TreeState, tree_state, world_inertia
 from ..dynamics.aba import _lu_apply, forward_dynamics_flat
 from ..dynamics.compiled import CompiledDynamics, compiled
 from ..dynamics.crba import crba_flat
 from ..dynamics.rnea import rnea_flat
-from ..dynamics.rnea_vjp import rnea_state_vjp, rnea_vjp_supported
+from ..dynamics.rnea_vjp import rnea_state_vjp, rnea_vjp_bl, rnea_vjp_supported
 from ..errors import ShapeError, SimulationError
 from ..model.robot import RobotModel
 from .compiled_step import CompiledStep
@@ -363,8 +364,7 @@ class _CheckpointRollout(torch.autograd.Function):
                 recomputed += e - s
                 off = s
             if time_batched:
-                aq, av = _reverse_time_batched(cfg, integ, Qseg, Vseg, tape.A, off, s, e, aq, av, gQ, gV, g_tau,
-                                               dynamics_vjp, bar)
+                aq, av = _reverse_time_batched(cfg, integ, Qseg, Vseg, tape.A, off, s, e, aq, av, gQ, gV, g_tau, bar)
                 continue
             for k in range(e - 1, s - 1, -1):
                 if cfg.cstep is not None:
@@ -448,44 +448,93 @@ class _CheckpointRollout(torch.autograd.Function):
         return (None, aq if needs[1] else None, av if needs[2] else None, g_tau, g_f, *out_p)
 
 
-# The time-batched reverse (below) computes every step's Jacobian, (nq + nv) VJPs per state; it pays
-# when a step's sequential VJP is dominated by per-operation overhead, i.e. while batch x (nq + nv)
-# rows stay few. Measured backward ms per step, sequential -> time-batched (2 threads, semi-implicit
-# Euler, float64): iiwa x1 (14 rows) 1.51 -> 0.24, x4 (56) 1.60 -> 0.65, x10 (140) 1.77 -> 1.42,
-# x32 (448) 1.91 -> 3.40; laikago x1 (37) 2.77 -> 1.24, x2 (74) 3.10 -> 2.12, x4 (148) 3.49 -> 4.40.
+# The time-batched reverse (below) pays when a step's sequential VJP is dominated by per-operation
+# overhead, i.e. while a step has few rows, batch x (nq + nv). Measured backward ms per step,
+# sequential -> time-batched (2 threads, semi-implicit Euler, float64, 4 MiB chunks): iiwa x1 (14
+# rows) 1.34 -> 0.17, x10 (140) 1.69 -> 1.22, x32 (448) 2.12 -> 4.37; laikago x1 (37) 2.39 -> 0.85,
+# x4 (148) 2.79 -> 3.45.
 TIME_BATCHED_MAX_ROWS = 100
-_TIME_BATCHED_CHUNK_ROWS = 2048
+# States per chunk of the time-batched reverse: its workspace (the RNEA VJP of nv unit cotangents
+# per state) is about nv x n_bodies x 2 KiB per state; this bounds it to a few MiB.
+_TIME_BATCHED_CHUNK_BYTES = 4 << 20
+
+
+def _dynamics_jacobians(robot: RobotModel, passive: bool, q: Tensor, v: Tensor, qdd: Tensor
+                        ) -> tuple[Tensor, Tensor]:
+    """Per-state Jacobians of forward dynamics at known ``qdd``, for ``q (N, nq), v, qdd (N, nv)``.
+
+    Returns ``Minv (N, nv, nv)`` (``d qdd / d tau``) and ``JR (N, nv, nq + nv)``, the Jacobian of
+    RNEA w.r.t. ``(q, v)`` at fixed acceleration (``d qdd / d(q, v) = -Minv JR``), the latter from the
+    hand-written RNEA VJP of the ``nv`` unit cotangents of every state in one batched call.
+    """
+    N, nq, nv = q.shape[0], robot.nq, robot.nv
+    ts = tree_state(robot, q)
+    inertia = world_inertia(ts)
+    LU, piv, _ = torch.linalg.lu_factor_ex(crba_flat(robot, q, ts, inertia))
+    eye = torch.eye(nv, dtype=q.dtype, device=q.device)
+    Minv = torch.linalg.lu_solve(LU, piv, eye.expand(N, nv, nv))
+    # nv copies of every state, batch-last: row i * N + j is unit cotangent i at state j.
+    rep = _repeat_last(nv)
+    ts_r = TreeState(R=rep(ts.R), p=rep(ts.p), S=rep(ts.S), mt=ts.mt)
+    in_r = RigidInertia(m=inertia.m, h=rep(inertia.h), I=rep(inertia.I),
+                        full=None if inertia.full is None else rep(inertia.full))
+    lam = eye.repeat_interleave(N, dim=1)  # (nv, nv * N)
+    qbar, vbar, _ = rnea_vjp_bl(robot, ts_r, rep(q.T), rep(v.T), rep(qdd.T), lam, passive, in_r)
+    JR = torch.cat([qbar, vbar]).reshape(nq + nv, nv, N).permute(2, 1, 0)
+    return Minv, JR
+
+
+def _repeat_last(k: int) -> Callable[[Tensor], Tensor]:
+    return lambda t: t.repeat(*([1] * (t.dim() - 1)), k)
+
+
+def _rows(t: Tensor, m: int) -> Tensor:
+    """``t (N, ...)`` repeated as ``m`` consecutive blocks: ``(m * N, ...)``."""
+    return t[None].expand(m, *t.shape).reshape(m * t.shape[0], *t.shape[1:])
+
+
+def _vjp_from_jacobians(Minv: Tensor, JR: Tensor, q: Tensor, v: Tensor, qdd: Tensor, g: Tensor
+                        ) -> tuple[Tensor, Tensor, Tensor]:
+    """The forward-dynamics VJP of :func:`_dynamics_vjp` from per-state Jacobians ``Minv (N, nv, nv)``,
+    ``JR (N, nv, nq + nv)``, for ``g (m * N, nv)``: block ``i`` of the rows at the ``N`` states."""
+    N, nv = Minv.shape[0], Minv.shape[1]
+    nq = JR.shape[-1] - nv
+    lam = (Minv @ g.reshape(-1, N, nv, 1))[..., 0]
+    out = -(lam[..., None, :] @ JR)[..., 0, :]
+    return out[..., :nq].reshape(-1, nq), out[..., nq:].reshape(-1, nv), lam.reshape(-1, nv)
 
 
 def _reverse_time_batched(cfg: _Config, integ: Integrator, Qseg: Tensor, Vseg: Tensor, A: Tensor, off: int,
                           s: int, e: int, aq: Tensor, av: Tensor, gQ: Tensor, gV: Tensor, g_tau: Tensor | None,
-                          dynamics_vjp: Callable, bar) -> tuple[Tensor, Tensor]:
+                          bar) -> tuple[Tensor, Tensor]:
     """Reverse steps ``e-1 .. s`` of a hand-differentiable explicit integrator, parallel in time.
 
     The adjoint recursion ``(qbar, vbar, taubar)_k = J_k^T (qbar, vbar)_{k+1}`` is linear, and the
-    step Jacobians ``J_k`` depend only on the stored states. So the Jacobians of a chunk of steps
-    come from one batched call of the step VJP with the ``nq + nv`` unit cotangents (every state
-    of the chunk at once: large batches, little per-operation overhead), and only a small matrix
+    step Jacobians ``J_k`` depend only on the stored states. For a chunk of steps, the forward
+    dynamics Jacobians of all its states come from one batched call (:func:`_dynamics_jacobians`);
+    the step's VJP is then applied to the ``nq + nv`` unit cotangents of every step at once with
+    those matrices standing in for the dynamics, which gives ``J_k^T``; only one small matrix
     product per step remains sequential. Returns the cotangents of state ``s``.
     """
-    robot, dt = cfg.robot, cfg.dt
+    robot, dt, passive = cfg.robot, cfg.dt, cfg.passive
     nq, nv = robot.nq, robot.nv
     m = nq + nv
     B = Qseg.shape[0]
     eye = torch.eye(m, dtype=Qseg.dtype, device=Qseg.device)
-    chunk = max(1, _TIME_BATCHED_CHUNK_ROWS // (m * B))
+    per_state = 2048 * nv * robot.nb + 8 * m * (m + nv)
+    chunk = max(1, _TIME_BATCHED_CHUNK_BYTES // (per_state * B))
     for c0 in reversed(range(s, e, chunk)):
         c1 = min(c0 + chunk, e)
-        n = c1 - c0
-        # (m, n, B, .) -> flat rows: unit cotangent i of the outputs of step k for batch element b.
-        q = Qseg[:, c0 - off:c1 - off].transpose(0, 1).reshape(1, n * B, nq).expand(m, -1, -1).reshape(-1, nq)
-        v = Vseg[:, c0 - off:c1 - off].transpose(0, 1).reshape(1, n * B, nv).expand(m, -1, -1).reshape(-1, nv)
-        acc = A[c0 - off:c1 - off].transpose(0, 1).reshape(A.shape[1], 1, n * B, nv).expand(-1, m, -1, -1)
-        acc = acc.reshape(A.shape[1], -1, nv)
-        basis = eye[:, None].expand(m, n * B, m).reshape(-1, m)
-        gq, gv, gu = integ.step_vjp_flat(robot, q, v, acc, dt, basis[:, :nq], basis[:, nq:], dynamics_vjp)
-        # J^T rows: (n, B, m outputs, nq + 2 nv inputs)
-        Jt = torch.cat([gq, gv, gu], dim=-1).reshape(m, n, B, -1).permute(1, 2, 0, 3)
+        N = (c1 - c0) * B
+        q = Qseg[:, c0 - off:c1 - off].transpose(0, 1).reshape(N, nq)
+        v = Vseg[:, c0 - off:c1 - off].transpose(0, 1).reshape(N, nv)
+        acc = A[c0 - off:c1 - off].transpose(0, 1).reshape(A.shape[1], N, nv)
+        dynamics_vjp = functools.partial(_vjp_from_jacobians, *_dynamics_jacobians(robot, passive, q, v, acc[0]))
+        basis = eye[:, None].expand(m, N, m).reshape(-1, m)
+        gq, gv, gu = integ.step_vjp_flat(robot, _rows(q, m), _rows(v, m), _rows(acc.transpose(0, 1), m).transpose(0, 1),
+                                         dt, basis[:, :nq], basis[:, nq:], dynamics_vjp)
+        # J^T rows: (steps, B, m outputs, nq + 2 nv inputs)
+        Jt = torch.cat([gq, gv, gu], dim=-1).reshape(m, c1 - c0, B, -1).permute(1, 2, 0, 3)
         for k in range(c1 - 1, c0 - 1, -1):
             lam = torch.cat([aq, av], dim=-1)[:, None]  # (B, 1, m)
             out = (lam @ Jt[k - c0])[:, 0]
@@ -494,7 +543,7 @@ def _reverse_time_batched(cfg: _Config, integ: Integrator, Qseg: Tensor, Vseg: T
             if g_tau is not None:
                 g_tau[:, k] = out[:, m:]
         if bar is not None:
-            bar.update(n)
+            bar.update(c1 - c0)
     return aq, av
 
 
