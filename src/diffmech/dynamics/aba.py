@@ -88,14 +88,10 @@ def _aba(model: RobotModel, q: Tensor, v: Tensor, tau: Tensor, f_ext, passive: b
     pA = list(vt.bias.unbind(0))
     off = model._nfree
     levels: list[_Level] = []
-    for (idx, par), level_dofs in zip(reversed(model._levels), reversed(model._level_dofs)):
-        if off and idx == [0]:
-            continue
+    for idx, par, dofs in level_structure(model):
         if len(idx) == 1:
-            dofs: list[int] | int = level_dofs[0]
             Il, pl = IA[idx[0]], pA[idx[0]]
         else:
-            dofs = level_dofs
             Il, pl = torch.stack([IA[b] for b in idx]), torch.stack([pA[b] for b in idx])
         Sl, cl, tl = S[dofs], c[dofs], tauT[dofs]
         U = mv(Il, Sl)
@@ -142,6 +138,39 @@ def _aba(model: RobotModel, q: Tensor, v: Tensor, tau: Tensor, f_ext, passive: b
             pieces.append(ql)
     qdd = torch.cat(pieces, 0)[model._aba_gather]  # (nv, B) in DoF order
     return qdd.transpose(0, 1), _Factors(levels, root, (ts, vt.inertia))
+
+
+def level_structure(model: RobotModel) -> list[tuple[list[int], list[int], list[int] | int]]:
+    """``(bodies, parents, dofs)`` of each depth below a floating base, deepest first, as ABA
+    sweeps them (``dofs`` an int for a single-body depth)."""
+    out = []
+    for (idx, par), level_dofs in zip(reversed(model._levels), reversed(model._level_dofs)):
+        if model._nfree and idx == [0]:
+            continue
+        out.append((idx, par, level_dofs[0] if len(idx) == 1 else level_dofs))
+    return out
+
+
+def factor_tensors(factors: _Factors) -> list[Tensor]:
+    """The tensors of ``factors`` that :func:`factors_from` needs besides the kinematics:
+    ``U, D`` of every depth (and of a floating base)."""
+    out = [t for lv in factors.levels for t in (lv.U, lv.D)]
+    if factors.root is not None:
+        out += [factors.root[1], factors.root[2]]
+    return out
+
+
+def factors_from(model: RobotModel, ts: TreeState, tensors: list[Tensor]) -> _Factors:
+    """Rebuild the :class:`_Factors` that apply ``M^{-1}`` from :func:`factor_tensors` and the
+    kinematic pass ``ts`` at the same configuration."""
+    levels = []
+    for k, (idx, par, dofs) in enumerate(level_structure(model)):
+        U, D = tensors[2 * k], tensors[2 * k + 1]
+        levels.append(_Level(idx, par, dofs, U, D, U / D[..., None, :], None, ts.S[dofs], None))
+    root = None
+    if model._nfree:
+        root = (ts.S[:6].transpose(0, 1), tensors[-2], tensors[-1])
+    return _Factors(levels, root, (ts, None))
 
 
 def _parent_accel(A: list[Tensor], par: list[int], a_world: Tensor) -> Tensor:

@@ -6,13 +6,17 @@ cutting a large batch into cache-sized chunks keeps the working set in cache. Ea
 same shape (the last one is padded), so one compiled graph serves every batch size at or above the
 chunk size.
 
-The backward pass is compiled too. A differentiable call runs the compiled function with autograd
-on, so torch.compile traces the joint forward-backward graph once per pattern of inputs that need a
-gradient; when the value is already known (a rollout replaying a recorded step), the backward is a
-separate compiled ``torch.func.vjp`` of the algorithm. The model's parameters enter as the
-:class:`~diffmech.model.robot.ModelTensors` fields, computed eagerly outside the compiled region
-(so learnable parameters and their parametrizations keep their ordinary autograd graph), and the
-compiled VJP returns the cotangents of those fields. Measured figures are in BENCHMARKS.md.
+The backward pass is compiled too. For forward dynamics with no learnable model parameter, the
+compiled forward also returns ABA's articulated-body factors and kinematics, and the compiled
+backward is ``M^{-1}`` from the factors plus the hand-written RNEA VJP (:mod:`.rnea_vjp`).
+Otherwise a differentiable call runs the compiled function with autograd on, so torch.compile
+traces the joint forward-backward graph once per pattern of inputs that need a gradient; when the
+value is already known (a rollout replaying a recorded step), the backward is a separate compiled
+``torch.func.vjp`` of the algorithm.
+The model's parameters enter as the :class:`~diffmech.model.robot.ModelTensors` fields, computed
+eagerly outside the compiled region (so learnable parameters and their parametrizations keep their
+ordinary autograd graph), and the compiled VJP returns the cotangents of those fields. Measured
+figures are in BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -24,10 +28,11 @@ from torch import Tensor
 
 from ..errors import ShapeError
 from ..model.robot import ModelTensors, RobotModel
-from ._common import tree_state
-from .aba import aba_flat
+from ._common import RigidInertia, TreeState, tree_state
+from .aba import _aba, aba_flat, apply_inverse_mass, factor_tensors, factors_from
 from .crba import crba_flat
 from .rnea import rnea_flat
+from .rnea_vjp import rnea_vjp_bl
 
 __all__ = ["compiled", "CompiledDynamics"]
 
@@ -42,6 +47,28 @@ def _id(model, mt, passive, q, v, a):
 
 def _mm(model, mt, passive, q):
     return crba_flat(model, q, tree_state(model, q, mt))
+
+
+def _fd_saving(model, mt, passive, q, v, u):
+    """ABA's value and what its hand-written backward needs (see :func:`_fd_backward`): the
+    world-frame columns ``S``, the world inertias ``(h, I)``, the base orientation (floating base)
+    and the articulated-body factors."""
+    qdd, factors = _aba(model, q, v, u, None, passive, mt)
+    ts, inertia = factors.kinematics
+    base = [ts.R[0]] if model._nfree else []
+    return (qdd, ts.S, inertia.h, inertia.I, *base, *factor_tensors(factors))
+
+
+def _fd_backward(model, mt, passive, q, v, qdd, g, S, h, I, *rest):
+    """Cotangents ``(qbar, vbar, taubar)`` of ABA at a known ``qdd``: ``taubar = M^{-1} g`` from the
+    saved articulated-body factors, then the hand-written RNEA VJP with ``-taubar``."""
+    base, factors = (rest[:1], rest[1:]) if model._nfree else ((), rest)
+    ts = TreeState(R=base[0][None] if base else None, p=None, S=S, mt=mt)  # what the backward reads
+    inertia = RigidInertia(m=mt.body_mass[:, None], h=h, I=I)
+    lam = apply_inverse_mass(model, factors_from(model, ts, list(factors)), g)
+    qbar, vbar, _ = rnea_vjp_bl(model, ts, q.transpose(0, 1), v.transpose(0, 1), qdd.transpose(0, 1),
+                                -lam.transpose(0, 1), passive, inertia)
+    return qbar.transpose(0, 1), vbar.transpose(0, 1), lam
 
 
 _ALGORITHMS: dict[str, tuple[int, Callable]] = {
@@ -106,9 +133,20 @@ class CompiledDynamics:
             _, pull = torch.func.vjp(f, *[prim[i] for i in idx])
             return pull(g)
 
+        def fd_saving(*tensors: Tensor) -> tuple[Tensor, ...]:
+            return _fd_saving(model, ModelTensors(*tensors[3:]), passive, *tensors[:3])
+
+        def fd_backward(*tensors: Tensor, n_factors: int) -> tuple[Tensor, Tensor, Tensor]:
+            q, v, qdd, g = tensors[:4]
+            factors, mt = tensors[4:4 + n_factors], tensors[4 + n_factors:]
+            return _fd_backward(model, ModelTensors(*mt), passive, q, v, qdd, g, *factors)
+
         compile_options.setdefault("dynamic", False)
-        self._forward = torch.compile(forward, **compile_options) if compile else forward
-        self._vjp = torch.compile(vjp, **compile_options) if compile else vjp
+        wrap = (lambda f: torch.compile(f, **compile_options)) if compile else (lambda f: f)
+        self._forward = wrap(forward)
+        self._vjp = wrap(vjp)
+        self._fd_saving = wrap(fd_saving)
+        self._fd_backward = wrap(fd_backward)
 
     # ------------------------------------------------------------------ evaluation
     def _pieces(self, B: int) -> list[tuple[int, int]]:
@@ -175,6 +213,8 @@ class CompiledDynamics:
         backward is then the compiled VJP kernel at ``args``, which recomputes the algorithm)."""
         tensors = [*args, *mt]
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            if value is None and self.algorithm == "forward_dynamics" and not any(t.requires_grad for t in mt):
+                return _CompiledForwardDynamics.apply(self, tuple(mt), *args)
             if value is None:
                 return self.evaluate_differentiable(args, mt)
             return _Compiled.apply(self, value, *tensors)
@@ -202,6 +242,40 @@ class CompiledDynamics:
 
     def __repr__(self) -> str:
         return f"CompiledDynamics({self.model.name!r}, {self.algorithm!r}, chunk={self.chunk})"
+
+
+class _CompiledForwardDynamics(torch.autograd.Function):
+    """Forward dynamics whose compiled forward keeps the articulated-body factors, and whose
+    compiled backward is ``M^{-1}`` from those factors plus the hand-written RNEA VJP (no
+    recomputation of ABA, no autograd graph of it). Used when no model tensor needs a gradient."""
+
+    @staticmethod
+    def forward(ctx, dyn: CompiledDynamics, mt: tuple, q: Tensor, v: Tensor, tau: Tensor) -> Tensor:
+        mt = [kernel_input(t) for t in mt]
+        chunks, outs = [], []
+        for s, e in dyn._pieces(q.shape[0]):
+            ins = [kernel_input(dyn._pad(a, s, e)) for a in (q, v, tau)]
+            qdd, *factors = dyn._fd_saving(*ins, *mt)
+            chunks.append((s, e, ins[0], ins[1], qdd, factors))
+            outs.append(qdd[: e - s])
+        ctx.dyn, ctx.mt, ctx.chunks = dyn, mt, chunks
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g: Tensor):
+        dyn, B = ctx.dyn, g.shape[0]
+        parts: list[list[Tensor]] = [[], [], []]
+        for s, e, q, v, qdd, factors in ctx.chunks:
+            gp = g[s:e]
+            if dyn.chunk is not None and e - s < dyn.chunk and B > dyn.chunk:
+                gp = torch.cat([gp, gp.new_zeros(dyn.chunk - (e - s), *gp.shape[1:])])
+            got = dyn._fd_backward(q, v, qdd, kernel_input(gp), *factors, *ctx.mt, n_factors=len(factors))
+            for i in range(3):
+                parts[i].append(got[i][: e - s])
+        grads = [p[0] if len(p) == 1 else torch.cat(p) for p in parts]
+        needs = ctx.needs_input_grad
+        return (None, None, *[gi if needs[2 + i] else None for i, gi in enumerate(grads)])
 
 
 class _Compiled(torch.autograd.Function):

@@ -334,11 +334,13 @@ class _CheckpointRollout(torch.autograd.Function):
         tape = _Tape(cfg, ctx.accels, model_params, mt_leaves) if ctx.accels is not None else None
         # Explicit Euler steps of a state-only gradient (tensor controls, no f_ext, no parameter)
         # reverse by hand: no graph is built per step (see Integrator.step_vjp_flat).
-        hand_step = (integ.hand_vjp and cfg.cstep is None and cfg.dyn is None and cfg.policy is None and not p_need
-                     and not need_f and rnea_vjp_supported(robot, f_ext) and cfg.record)
+        hand_ok = (integ.hand_vjp and cfg.policy is None and not p_need and not need_f
+                   and rnea_vjp_supported(robot, f_ext) and cfg.record)
+        hand_step = hand_ok and cfg.cstep is None and cfg.dyn is None
 
         m = robot.nq + robot.nv  # rows of a step's Jacobian
-        time_batched = hand_step and B * m <= TIME_BATCHED_MAX_ROWS
+        # Also with compile=True: few rows per step are where the compiled sequential VJP loses.
+        time_batched = hand_ok and B * m <= TIME_BATCHED_MAX_ROWS
 
         def dynamics_vjp(q, v, qdd, g):
             return _dynamics_vjp(robot, passive, q, v, qdd, g)
@@ -364,7 +366,9 @@ class _CheckpointRollout(torch.autograd.Function):
                 recomputed += e - s
                 off = s
             if time_batched:
-                aq, av = _reverse_time_batched(cfg, integ, Qseg, Vseg, tape.A, off, s, e, aq, av, gQ, gV, g_tau, bar)
+                # Compiled steps record no accelerations: the reverse recomputes them in batches.
+                A = tape.A if tape is not None and cfg.cstep is None else None
+                aq, av = _reverse_time_batched(cfg, integ, Qseg, Vseg, A, tau, off, s, e, aq, av, gQ, gV, g_tau, bar)
                 continue
             for k in range(e - 1, s - 1, -1):
                 if cfg.cstep is not None:
@@ -504,7 +508,8 @@ def _vjp_from_jacobians(Minv: Tensor, JR: Tensor, q: Tensor, v: Tensor, qdd: Ten
     return out[..., :nq].reshape(-1, nq), out[..., nq:].reshape(-1, nv), lam.reshape(-1, nv)
 
 
-def _reverse_time_batched(cfg: _Config, integ: Integrator, Qseg: Tensor, Vseg: Tensor, A: Tensor, off: int,
+def _reverse_time_batched(cfg: _Config, integ: Integrator, Qseg: Tensor, Vseg: Tensor, A: Tensor | None,
+                          tau: Tensor, off: int,
                           s: int, e: int, aq: Tensor, av: Tensor, gQ: Tensor, gV: Tensor, g_tau: Tensor | None,
                           bar) -> tuple[Tensor, Tensor]:
     """Reverse steps ``e-1 .. s`` of a hand-differentiable explicit integrator, parallel in time.
@@ -514,7 +519,8 @@ def _reverse_time_batched(cfg: _Config, integ: Integrator, Qseg: Tensor, Vseg: T
     dynamics Jacobians of all its states come from one batched call (:func:`_dynamics_jacobians`);
     the step's VJP is then applied to the ``nq + nv`` unit cotangents of every step at once with
     those matrices standing in for the dynamics, which gives ``J_k^T``; only one small matrix
-    product per step remains sequential. Returns the cotangents of state ``s``.
+    product per step remains sequential. ``A`` holds the recorded accelerations (``None``: recompute
+    them, one batched call per chunk). Returns the cotangents of state ``s``.
     """
     robot, dt, passive = cfg.robot, cfg.dt, cfg.passive
     nq, nv = robot.nq, robot.nv
@@ -528,7 +534,12 @@ def _reverse_time_batched(cfg: _Config, integ: Integrator, Qseg: Tensor, Vseg: T
         N = (c1 - c0) * B
         q = Qseg[:, c0 - off:c1 - off].transpose(0, 1).reshape(N, nq)
         v = Vseg[:, c0 - off:c1 - off].transpose(0, 1).reshape(N, nv)
-        acc = A[c0 - off:c1 - off].transpose(0, 1).reshape(A.shape[1], N, nv)
+        if A is not None:
+            acc = A[c0 - off:c1 - off].transpose(0, 1).reshape(A.shape[1], N, nv)
+        else:  # the Euler integrators evaluate the dynamics once, at the step's own state
+            u = tau[:, c0:c1].transpose(0, 1).reshape(N, nv)
+            with torch.no_grad():
+                acc = forward_dynamics_flat(robot, q, v, u, None, passive, "auto", False)[None]
         dynamics_vjp = functools.partial(_vjp_from_jacobians, *_dynamics_jacobians(robot, passive, q, v, acc[0]))
         basis = eye[:, None].expand(m, N, m).reshape(-1, m)
         gq, gv, gu = integ.step_vjp_flat(robot, _rows(q, m), _rows(v, m), _rows(acc.transpose(0, 1), m).transpose(0, 1),
