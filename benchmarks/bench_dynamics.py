@@ -241,6 +241,10 @@ def agreement(robot, ee: str, pinp, drm, pk, dtype) -> dict:
 
 def run(args) -> dict:
     torch.set_num_threads(args.threads)
+    if args.allocator == "tuned":
+        from diffmech.perf import tune_allocator
+
+        args.allocator_applied = tune_allocator()
     if args.compile:
         import torch._dynamo as dynamo
         import torch._inductor.config as ic
@@ -513,6 +517,8 @@ def machine_info(args, elapsed: float) -> dict:
         "command": _command_line(sys.argv[1:]),
         "args": {k: v for k, v in vars(args).items() if k not in ("json", "markdown")},
         "note": args.note,
+        "allocator": ("glibc mallopt: mmap threshold 32 MiB, trim threshold 2 GiB (diffmech.perf.tune_allocator)"
+                      if getattr(args, "allocator_applied", False) else "process default"),
     }
 
 
@@ -639,7 +645,8 @@ def markdown(result: dict, section: str = "bench_dynamics") -> str:
         f"Machine: {m['cpu']}, {m['cores']} cores, torch {v['torch']}, `torch.set_num_threads({m['threads']})`; "
         f"pinocchio {v['pinocchio']}, differentiable-robot-model {v['differentiable_robot_model']}, "
         f"pytorch_kinematics {v['pytorch_kinematics']}. Load average (1/5/15 min) at the start: "
-        f"{_load(m.get('load_average_at_start'))}, at the end: {_load(m['load_average_at_end'])}.",
+        f"{_load(m.get('load_average_at_start'))}, at the end: {_load(m['load_average_at_end'])}. "
+        f"Allocator: {m.get('allocator', 'process default')}; it applies to every peer in the process.",
     ]
     if m.get("note"):
         lines += ["", f"**Note:** {m['note']}"]
@@ -767,6 +774,9 @@ def parse_args(argv=None):
     p.add_argument("--batches", default=None, help="comma list of batch sizes")
     p.add_argument("--algos", default=None, help="comma list from: " + ",".join(ALGOS))
     p.add_argument("--threads", type=int, default=2, help="torch threads and Pinocchio batch-API threads")
+    p.add_argument("--allocator", choices=("tuned", "default"), default="tuned",
+                   help="'tuned': diffmech.perf.tune_allocator() first (glibc keeps freed memory for reuse); "
+                        "'default': the process's malloc settings")
     p.add_argument("--budget", type=float, default=None, help="seconds of timed repetitions per cell")
     p.add_argument("--max-call", type=float, default=4.0,
                    help="a first call slower than this (s) is reported as the single measurement")
