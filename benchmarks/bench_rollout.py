@@ -6,7 +6,8 @@ step of the loss ``sum of squared q over all T + 1 states`` and its gradient wit
 initial state and the torques, for
 
 * ``checkpoint``: ``diffmech.sim.rollout(..., adjoint="checkpoint")`` (states stored, each
-  reverse step rebuilt from its state);
+  reverse step recomputed from its state: by hand for these Euler steps, with the step
+  Jacobians batched over time when a step has at most ``TIME_BATCHED_MAX_ROWS`` rows);
 * ``autograd``: ``diffmech.sim.rollout(..., adjoint="autograd")`` (graph of the whole loop);
 * ``DRM``: differentiable-robot-model's ``compute_forward_dynamics`` in the same semi-implicit
   Euler loop under plain autograd (fixed base only),
@@ -388,7 +389,10 @@ def markdown(report: dict, configs, Ts) -> str:
         "",
         "Gradient of `sum of squared q over all T+1 states` w.r.t. the initial state and the torques "
         "(T x nv), semi-implicit Euler, dt = 1e-3 s, float64, no contacts. "
-        "*diffmech checkpoint*: `diffmech.sim.rollout(..., adjoint=\"checkpoint\")`; *diffmech autograd*: "
+        "*diffmech checkpoint*: `diffmech.sim.rollout(..., adjoint=\"checkpoint\")` (its reverse steps are "
+        "written by hand; iiwa x1 (14 rows per step) and laikago x1 (37) take the time-batched reverse, which "
+        "gets the step Jacobians of up to 4 MiB of states in one batched call; laikago x10 (370 rows) the "
+        "sequential one); *diffmech autograd*: "
         "`adjoint=\"autograd\"`; *DRM autograd*: differentiable-robot-model's `compute_forward_dynamics` "
         "(float64, joint damping on) in the same Euler loop under plain autograd (DRM has no floating base, so "
         "laikago rows have no DRM). iiwa: `iiwa7.urdf` from diff_robot_data, zero torques from a random "
@@ -411,8 +415,10 @@ def markdown(report: dict, configs, Ts) -> str:
         ("> Measured while other jobs loaded the 2 cores (load average above 2.5 at the start or the end): wall "
          "times are inflated and noisy; the CPU-time columns in `benchmarks/results/bench_rollout.json` are "
          "less affected.\n" if max(report["load_before"][0], report["load_after"][0]) > 2.5 else ""),
-        "*diffmech checkpoint, compiled*: `rollout(..., compile=True)`: the forward step and the reverse step's "
-        "VJP are each one `torch.compile`'d function (`diffmech.sim.compiled_step`); compiled once per process "
+        "*diffmech checkpoint, compiled*: `rollout(..., compile=True)`: the forward step is one "
+        "`torch.compile`'d function, and so is the reverse step's VJP for laikago x10 "
+        "(`diffmech.sim.compiled_step`); iiwa x1 and laikago x1 take the time-batched reverse as above "
+        "(accelerations recomputed in batches, since the compiled step records none); compiled once per process "
         "and batch size before the timed run (first-call seconds: " + _warmups(report["cells"]) + "); its "
         "cells of one robot/batch run in one process, so each pays the compilation once.",
         "",

@@ -2,11 +2,14 @@
 
 Batched and compiled rigid-body kernels allocate and free intermediates of a few MiB on every
 call. glibc's ``malloc`` serves blocks above its mmap threshold with fresh ``mmap`` pages and hands
-freed heap tops back to the system, so every call pays page faults for memory it just released:
-on the iiwa at batch 1024 (2 threads), compiled forward dynamics runs at about 270k states/s with
-the defaults and 640k states/s with :func:`tune_allocator` (measured in one session, see
-BENCHMARKS.md). PyTorch's own performance guide recommends a caching allocator (jemalloc,
-tcmalloc) for the same reason; this is the no-install equivalent for glibc.
+freed heap tops back to the system, so every call pays page faults for memory it just released
+(glibc raises its thresholds as large blocks come and go, so a long-running process recovers
+most of this by itself). Measured on the iiwa at batch 1024 (2 threads), as the first workload of
+a fresh process: compiled forward dynamics at about 270k states/s with the defaults and 640k
+states/s with :func:`tune_allocator`; in the benchmark, which runs many cells before, the two
+settings are within run-to-run noise (BENCHMARKS.md). PyTorch's own performance guide recommends
+a caching allocator (jemalloc, tcmalloc) for the same reason; this is the no-install equivalent
+for glibc.
 
 The settings are global to the process, so they are never applied on import: call
 :func:`tune_allocator` once at the start of a program that evaluates large batches.
