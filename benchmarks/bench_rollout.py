@@ -400,7 +400,9 @@ def markdown(report: dict, configs, Ts) -> str:
         "random initial joint angles and velocities; x10 = ten robots as one batch.",
         "",
         "Memory is the peak resident-set growth of the timed forward + backward in a fresh process per cell "
-        "(peak counter reset after a warm-up; `VmHWM - VmRSS`). Times are wall-clock per simulated step; "
+        "(peak counter reset after a warm-up; `VmHWM - VmRSS`). Times are wall-clock per simulated step, the "
+        "median of repeated runs in that process when one forward + backward takes under 1 s (up to 7 runs; "
+        "the memory is the first run's); "
         f"a series skips larger T once a cell exceeds the budget of {report['budget_s']:.0f} s or is predicted "
         f"to exceed twice that or {report['mem_cap_gib']:.0f} GiB. All methods agree on every common cell to "
         f"{report['consistency']:.1e} (loss, gradient norm, final state).",
