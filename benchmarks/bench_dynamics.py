@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 import diffmech
+from diffmech.dynamics.compiled import DEFAULT_CHUNK as CHUNK
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _peers  # noqa: E402
@@ -151,7 +152,7 @@ def compiled_fn(robot, algo: str, q, v, u, cache: dict, key):
 
     One compiled function per robot, dtype and algorithm is kept in ``cache`` across batch sizes,
     as a user would keep it: its graph has the shape ``(min(B, chunk), n)``, so batches at or
-    above the chunk size (1024) reuse one graph. Returns ``(callable, seconds of the first call)``;
+    above the chunk size (``DEFAULT_CHUNK``) reuse one graph. Returns ``(callable, seconds of the first call)``;
     the first call at a new shape includes the (cold) compilation.
     """
     from diffmech.dynamics import compiled
@@ -314,7 +315,7 @@ def run(args) -> dict:
                             fn, cs = compiled_fn(robot, algo, q, v, u, compiled_cache, (robot_name, dtype, algo))
                             t = time_call(fn, args.budget, max_call=args.max_call)
                             add(robot_name, dtype, B, algo, "diffmech-compiled", "ok", t,
-                                f"diffmech.dynamics.compiled (chunk 1024, passive=False); first call {cs:.1f} s",
+                                f"diffmech.dynamics.compiled (chunk {CHUNK}, passive=False); first call {cs:.1f} s",
                                 compile_s=cs)
                         except Exception as e:  # a compiler failure is a result, not a crash
                             add(robot_name, dtype, B, algo, "diffmech-compiled", "error",
@@ -714,9 +715,11 @@ def _compiled_table(result: dict) -> list[str]:
     lines: list[str] = []
     compiled = [r for r in result["results"] if r["impl"] == "diffmech-compiled"]
     if compiled:
-        lines += ["", "### Compiled evaluation: `diffmech.dynamics.compiled` (torch.compile, chunks of 1024)", "",
-                  "The first call at a new shape compiles (cold cache); batches of 1024 and more reuse the 1024-row "
-                  "graph. Break-even = first-call seconds / seconds saved per call.", "",
+        lines += ["", f"### Compiled evaluation: `diffmech.dynamics.compiled` (torch.compile, chunks of {CHUNK})",
+                  "",
+                  f"The first call at a new shape compiles (cold cache); batches of {CHUNK} and more reuse the "
+                  f"{CHUNK}-row graph, smaller batches get a graph of their own size. "
+                  "Break-even = first-call seconds / seconds saved per call.", "",
                   "| robot | dtype | algorithm | batch | first call s | eager states/s | compiled states/s "
                   "| speed-up | break-even calls |", "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in compiled:
