@@ -269,7 +269,12 @@ class Integrator(abc.ABC):
     implicit = False
     supports_floating_base = True
     accel_calls = 0  # forward-dynamics evaluations per step whose values a recomputed step can reuse
-    hand_vjp = False  # whether :meth:`step_vjp_flat` is implemented
+    # Integrators with ``hand_vjp`` also define ``step_vjp_flat(robot, q, v, accels, dt, gq1, gv1,
+    # dynamics_vjp) -> (qbar, vbar, taubar)``: the reverse step by hand, with no graph, for cotangents
+    # ``gq1 (B, nq), gv1 (B, nv)`` of the step's outputs; ``accels (accel_calls, B, nv)`` are the
+    # step's recorded forward-dynamics values and ``dynamics_vjp(q, v, qdd, g) -> (qbar, vbar, taubar)``
+    # the forward-dynamics VJP at one of them. :func:`diffmech.sim.rollout` replays the others under autograd.
+    hand_vjp = False
 
     def __call__(
         self,
@@ -340,27 +345,6 @@ class Integrator(abc.ABC):
         (called ``accel_calls`` times per step, in a fixed order); :func:`diffmech.sim.rollout`
         uses it to record the accelerations of the forward pass and replay them in the backward.
         """
-
-    def step_vjp_flat(
-        self,
-        robot: RobotModel,
-        q: Tensor,
-        v: Tensor,
-        accels: Tensor,
-        dt: float,
-        gq1: Tensor,
-        gv1: Tensor,
-        dynamics_vjp: Callable,
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Reverse step written by hand, with no graph: cotangents of ``(q, v, tau)`` for cotangents
-        ``gq1 (B, nq), gv1 (B, nv)`` of the step's outputs.
-
-        ``accels (accel_calls, B, nv)`` are the step's forward-dynamics values (as recorded
-        going forward); ``dynamics_vjp(q, v, qdd, g) -> (qbar, vbar, taubar)`` is the VJP of the
-        forward dynamics at one of them. Only integrators with ``hand_vjp`` implement it;
-        :func:`diffmech.sim.rollout` replays the others under autograd.
-        """
-        raise NotImplementedError(f"integrator '{self.name}' has no hand-written reverse step")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -17,7 +17,7 @@ solve from the stored next state and differentiates it through :mod:`diffmech.im
 
 The Euler integrators reverse a step by hand when only the state, the controls and the initial
 state need cotangents (no policy, no ``f_ext``, no learnable parameter): no graph is rebuilt
-(:meth:`~diffmech.sim.integrators.Integrator.step_vjp_flat`). With few rows per step
+(``step_vjp_flat`` of the Euler integrators, see :class:`~diffmech.sim.integrators.Integrator`). With few rows per step
 (``batch x (nq + nv)`` up to :data:`TIME_BATCHED_MAX_ROWS`), where a sequential step costs mostly
 per-operation overhead, the recursion is split instead: the step Jacobians depend only on the
 stored states, so those of many steps come from one large batched VJP call, and only one small
@@ -333,7 +333,7 @@ class _CheckpointRollout(torch.autograd.Function):
             bar = tqdm(total=T, desc="rollout backward", leave=False)
         tape = _Tape(cfg, ctx.accels, model_params, mt_leaves) if ctx.accels is not None else None
         # Explicit Euler steps of a state-only gradient (tensor controls, no f_ext, no parameter)
-        # reverse by hand: no graph is built per step (see Integrator.step_vjp_flat).
+        # reverse by hand: no graph is built per step (the integrators' step_vjp_flat).
         hand_ok = (integ.hand_vjp and cfg.policy is None and not p_need and not need_f
                    and rnea_vjp_supported(robot, f_ext) and cfg.record)
         hand_step = hand_ok and cfg.cstep is None and cfg.dyn is None
