@@ -148,12 +148,13 @@ COMPILED_NAME = {"rnea": "inverse_dynamics", "crba": "mass_matrix", "aba": "forw
 
 
 def compiled_fn(robot, algo: str, q, v, u, cache: dict, key):
-    """diffmech's compiled, chunked evaluation (``diffmech.dynamics.compiled``) for ``algo``.
+    """diffmech's compiled evaluation (``diffmech.dynamics.compiled``) for ``algo``.
 
     One compiled function per robot, dtype and algorithm is kept in ``cache`` across batch sizes,
-    as a user would keep it: its graph has the shape ``(min(B, chunk), n)``, so batches at or
-    above the chunk size (``DEFAULT_CHUNK``) reuse one graph. Returns ``(callable, seconds of the first call)``;
-    the first call at a new shape includes the (cold) compilation.
+    as a user would keep it. Without a graph it runs a native kernel (built by its first call, any
+    batch size); the gradient runs torch.compile graphs of shape ``(min(B, chunk), n)``, so batches
+    at or above the chunk size (``DEFAULT_CHUNK``) reuse one graph. Returns ``(callable, seconds of
+    the first call)``; the first call includes the build or compilation.
     """
     from diffmech.dynamics import compiled
 
@@ -315,7 +316,8 @@ def run(args) -> dict:
                             fn, cs = compiled_fn(robot, algo, q, v, u, compiled_cache, (robot_name, dtype, algo))
                             t = time_call(fn, args.budget, max_call=args.max_call)
                             add(robot_name, dtype, B, algo, "diffmech-compiled", "ok", t,
-                                f"diffmech.dynamics.compiled (chunk {CHUNK}, passive=False); first call {cs:.1f} s",
+                                f"diffmech.dynamics.compiled (passive=False; native kernels without a graph, "
+                                f"torch.compile chunk {CHUNK} for the gradient); first call {cs:.1f} s",
                                 compile_s=cs)
                         except Exception as e:  # a compiler failure is a result, not a crash
                             add(robot_name, dtype, B, algo, "diffmech-compiled", "error",
@@ -670,9 +672,10 @@ def markdown(result: dict, section: str = "bench_dynamics") -> str:
         "",
         "Ratios are diffmech's states/s over the peer's (above 1: diffmech is faster); "
         "forward dynamics use the default `method=\"auto\"` (CRBA + LU up to 64 states, ABA above); \"the "
-        "other method\" is the one it did not pick; \"compiled\" is `diffmech.dynamics.compiled` (torch.compile; "
-        "its gradient: M^-1 from the saved articulated-body factors plus the hand-written RNEA VJP, compiled) in "
-        "the same run, after its first (compiling) call.",
+        "other method\" is the one it did not pick; \"compiled\" is `diffmech.dynamics.compiled` in the same "
+        "run, after its first (building) call: without a graph, a native kernel (the algorithm's lane program "
+        "compiled to C, `diffmech.dynamics.native`); its gradient by torch.compile (M^-1 from the saved "
+        "articulated-body factors plus the hand-written RNEA VJP).",
         "",
         "### States per second (ratio diffmech / column in brackets)",
         "",
@@ -715,11 +718,12 @@ def _compiled_table(result: dict) -> list[str]:
     lines: list[str] = []
     compiled = [r for r in result["results"] if r["impl"] == "diffmech-compiled"]
     if compiled:
-        lines += ["", f"### Compiled evaluation: `diffmech.dynamics.compiled` (torch.compile, chunks of {CHUNK})",
+        lines += ["", "### Compiled evaluation: `diffmech.dynamics.compiled`",
                   "",
-                  f"The first call at a new shape compiles (cold cache); batches of {CHUNK} and more reuse the "
-                  f"{CHUNK}-row graph, smaller batches get a graph of their own size. "
-                  "Break-even = first-call seconds / seconds saved per call.", "",
+                  "RNEA, CRBA, ABA: native kernels, built by the first call of a robot, algorithm and dtype (a cold "
+                  "build when the first-call time is seconds; one kernel serves every batch size). The gradient: "
+                  f"torch.compile, whose first call at a new shape compiles; batches of {CHUNK} and more reuse the "
+                  f"{CHUNK}-row graph. Break-even = first-call seconds / seconds saved per call.", "",
                   "| robot | dtype | algorithm | batch | first call s | eager states/s | compiled states/s "
                   "| speed-up | break-even calls |", "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in compiled:
@@ -789,7 +793,8 @@ def parse_args(argv=None):
                    help="skip a peer predicted (from the two previous batches) slower than this per call (s)")
     p.add_argument("--pin-loop-max", type=int, default=None, help="time Pinocchio's loop on at most this many states")
     p.add_argument("--compile", action="store_true", help="also time diffmech.dynamics.compiled for RNEA/CRBA/ABA "
-                   "(cold compile: tens of seconds per new shape)")
+                   "(native kernels, a few seconds to build each) and the FD gradient (torch.compile: tens of "
+                   "seconds per new shape)")
     p.add_argument("--json", default=None, help=f"JSON output (default {DEFAULT_JSON.relative_to(ROOT)})")
     p.add_argument("--markdown", default=None, help=f"markdown file to update (default {DEFAULT_MD.name}; '' = none)")
     p.add_argument("--note", default="", help="a remark printed into the markdown section")
