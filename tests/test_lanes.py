@@ -9,8 +9,8 @@ import copy
 
 import pytest
 import torch
-from conftest import ROBOTS, get_robot, random_state
 
+from conftest import ROBOTS, get_robot, random_state
 from diffmech.dynamics import compiled, lanes, native
 from diffmech.dynamics.aba import aba_flat
 from diffmech.dynamics.crba import crba_flat
@@ -136,7 +136,7 @@ def test_lane_kernel_on_a_small_program():
 
 
 @needs_cc
-@pytest.mark.parametrize("key", ["iiwa", "laikago"])
+@pytest.mark.parametrize("key", ["iiwa", pytest.param("laikago", marks=pytest.mark.slow)])  # laikago: ~1 min build
 def test_native_forward_dynamics_gradient_matches_autograd(key):
     robot = get_robot(key)
     f = compiled(robot, "forward_dynamics")

@@ -4,14 +4,18 @@ Without a graph (``torch.no_grad()``, or inputs that need no gradient), on the C
 runs as a native kernel: its lane program (:mod:`.lanes`: the per-state algorithm on ``(B,)``
 lanes, body-local frames) compiled to C by :mod:`.native` -- one vectorised loop over the batch
 with every intermediate in registers, any batch size, a few seconds to build, cached on disk.
-Measured on the iiwa (float64, 2 threads, BENCHMARKS.md): inverse dynamics 4-8x and forward
-dynamics 4-5x the states per second of Pinocchio's batch API at 16384 states.
+Measured on the iiwa (float64, 2 threads, BENCHMARKS.md): inverse dynamics 6x and forward dynamics
+7x the states per second of Pinocchio's batch API at 16384 states, 3x at 1024. Forward dynamics
+with gradients w.r.t. ``(q, v, tau)`` only (no learnable model parameter) runs natively too: its
+backward is the kernel of ABA's reverse mode (:func:`.native.vjp_program`), which recomputes the
+forward pass per state in registers, so only the inputs are saved.
 
-With gradients, torch.compile: it fuses the batch-last elementwise code of :mod:`.aba` and
-:mod:`.rnea` into a few loops, and cutting a large batch into cache-sized chunks keeps the working
-set in cache. Each chunk has the same shape (the last one is padded), so one compiled graph serves
-every batch size at or above the chunk size. For forward dynamics with no learnable model
-parameter, the compiled forward also returns ABA's articulated-body factors and kinematics, and
+Other gradients (inverse dynamics, mass matrix, learnable parameters, devices other than the CPU)
+use torch.compile: it fuses the batch-last elementwise code of :mod:`.aba` and :mod:`.rnea` into a
+few loops, and cutting a large batch into cache-sized chunks keeps the working set in cache. Each
+chunk has the same shape (the last one is padded), so one compiled graph serves every batch size at
+or above the chunk size. For forward dynamics with no learnable model parameter (without native
+kernels), the compiled forward also returns ABA's articulated-body factors and kinematics, and
 the compiled backward is ``M^{-1}`` from the factors plus the hand-written RNEA VJP
 (:mod:`.rnea_vjp`). Otherwise a differentiable call runs the compiled function with autograd on,
 so torch.compile traces the joint forward-backward graph once per pattern of inputs that need a
@@ -398,11 +402,13 @@ def compiled(
         compile: ``False`` keeps the chunking and the VJP backward but runs eagerly (for
             comparison and debugging).
         passive: include the model's joint damping and springs (as the eager methods).
-        native: evaluate without a graph (``torch.no_grad()``, or inputs that need no gradient) on
-            the CPU by a native kernel (:mod:`.native`: the algorithm's lane program compiled to C
-            by the system's C compiler, any batch size, a few seconds to build, cached on disk).
-            ``None`` (default): when ``compile`` is true and a C compiler is found; without one,
-            a warning and torch.compile.
+        native: on the CPU, evaluate without a graph (``torch.no_grad()``, or inputs that need no
+            gradient) by a native kernel (:mod:`.native`: the algorithm's lane program compiled to
+            C by the system's C compiler, any batch size, a few seconds to build, cached on disk);
+            forward dynamics with gradients w.r.t. the state and torques only also by the native
+            kernel of its reverse mode (built by the first differentiable call, ~30 s for the
+            iiwa). ``None`` (default): when ``compile`` is true and a C compiler is found; without
+            one, a warning and torch.compile.
         **compile_options: passed to ``torch.compile`` (default ``dynamic=False``).
 
     Returns:
