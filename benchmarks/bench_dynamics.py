@@ -42,7 +42,6 @@ from pathlib import Path
 import torch
 
 import diffmech
-from diffmech.dynamics.compiled import DEFAULT_CHUNK as CHUNK
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _peers  # noqa: E402
@@ -151,10 +150,9 @@ def compiled_fn(robot, algo: str, q, v, u, cache: dict, key):
     """diffmech's compiled evaluation (``diffmech.dynamics.compiled``) for ``algo``.
 
     One compiled function per robot, dtype and algorithm is kept in ``cache`` across batch sizes,
-    as a user would keep it. Without a graph it runs a native kernel (built by its first call, any
-    batch size); the gradient runs torch.compile graphs of shape ``(min(B, chunk), n)``, so batches
-    at or above the chunk size (``DEFAULT_CHUNK``) reuse one graph. Returns ``(callable, seconds of
-    the first call)``; the first call includes the build or compilation.
+    as a user would keep it. It runs native kernels (built by the first call, any batch size), for
+    the gradient the kernel of ABA's reverse mode. Returns ``(callable, seconds of the first
+    call)``; the first call includes the build.
     """
     from diffmech.dynamics import compiled
 
@@ -162,7 +160,7 @@ def compiled_fn(robot, algo: str, q, v, u, cache: dict, key):
         cache[key] = compiled(robot, COMPILED_NAME[algo], passive=False)
     cf = cache[key]
     if algo == "grad":
-        # The same loss as the eager cell; the backward is the compiled hand-written one (M^-1 + RNEA VJP).
+        # The same loss as the eager cell; the backward is the native kernel of ABA's reverse mode.
         qg, vg, ug = (t.detach().clone().requires_grad_(True) for t in (q, v, u))
 
         def run():
@@ -316,8 +314,7 @@ def run(args) -> dict:
                             fn, cs = compiled_fn(robot, algo, q, v, u, compiled_cache, (robot_name, dtype, algo))
                             t = time_call(fn, args.budget, max_call=args.max_call)
                             add(robot_name, dtype, B, algo, "diffmech-compiled", "ok", t,
-                                f"diffmech.dynamics.compiled (passive=False; native kernels without a graph, "
-                                f"torch.compile chunk {CHUNK} for the gradient); first call {cs:.1f} s",
+                                f"diffmech.dynamics.compiled (passive=False; native kernels); first call {cs:.1f} s",
                                 compile_s=cs)
                         except Exception as e:  # a compiler failure is a result, not a crash
                             add(robot_name, dtype, B, algo, "diffmech-compiled", "error",
@@ -673,9 +670,9 @@ def markdown(result: dict, section: str = "bench_dynamics") -> str:
         "Ratios are diffmech's states/s over the peer's (above 1: diffmech is faster); "
         "forward dynamics use the default `method=\"auto\"` (CRBA + LU up to 64 states, ABA above); \"the "
         "other method\" is the one it did not pick; \"compiled\" is `diffmech.dynamics.compiled` in the same "
-        "run, after its first (building) call: without a graph, a native kernel (the algorithm's lane program "
-        "compiled to C, `diffmech.dynamics.native`); its gradient by torch.compile (M^-1 from the saved "
-        "articulated-body factors plus the hand-written RNEA VJP).",
+        "run, after its first (building) call: native kernels (the algorithm's lane program compiled to C, "
+        "`diffmech.dynamics.native`); the gradient by the native kernel of ABA's traced reverse mode, which "
+        "recomputes the forward pass per state and saves only the inputs.",
         "",
         "### States per second (ratio diffmech / column in brackets)",
         "",
@@ -720,10 +717,10 @@ def _compiled_table(result: dict) -> list[str]:
     if compiled:
         lines += ["", "### Compiled evaluation: `diffmech.dynamics.compiled`",
                   "",
-                  "RNEA, CRBA, ABA: native kernels, built by the first call of a robot, algorithm and dtype (a cold "
-                  "build when the first-call time is seconds; one kernel serves every batch size). The gradient: "
-                  f"torch.compile, whose first call at a new shape compiles; batches of {CHUNK} and more reuse the "
-                  f"{CHUNK}-row graph. Break-even = first-call seconds / seconds saved per call.", "",
+                  "RNEA, CRBA, ABA and the gradient through ABA: native kernels, built by the first call of a "
+                  "robot, algorithm and dtype (first-call seconds; one kernel serves every batch size, so later "
+                  "batch sizes show ~0 s; a kernel cached on disk by an earlier process loads in well under a "
+                  "second). Break-even = first-call seconds / seconds saved per call.", "",
                   "| robot | dtype | algorithm | batch | first call s | eager states/s | compiled states/s "
                   "| speed-up | break-even calls |", "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in compiled:
@@ -793,8 +790,7 @@ def parse_args(argv=None):
                    help="skip a peer predicted (from the two previous batches) slower than this per call (s)")
     p.add_argument("--pin-loop-max", type=int, default=None, help="time Pinocchio's loop on at most this many states")
     p.add_argument("--compile", action="store_true", help="also time diffmech.dynamics.compiled for RNEA/CRBA/ABA "
-                   "(native kernels, a few seconds to build each) and the FD gradient (torch.compile: tens of "
-                   "seconds per new shape)")
+                   "and the FD gradient (native kernels: seconds to build each, ~30 s for the gradient)")
     p.add_argument("--json", default=None, help=f"JSON output (default {DEFAULT_JSON.relative_to(ROOT)})")
     p.add_argument("--markdown", default=None, help=f"markdown file to update (default {DEFAULT_MD.name}; '' = none)")
     p.add_argument("--note", default="", help="a remark printed into the markdown section")
