@@ -407,9 +407,8 @@ def aba_lanes(model: RobotModel, mt: ModelTensors, qT: Tensor, vT: Tensor, tauT:
         Ia = _sym6_minus_outer(IA[b], Ul, Ua, Dinv)
         uD = u * Dinv
         pl, pa = pA[b]
-        if c is not None:
-            cl, ca = _sym6_apply(Ia, c[0], c[1]) if c[1] is not None else _sym6_apply(
-                Ia, c[0], [torch.zeros_like(u)] * 3)
+        if c is not None:  # a prismatic joint's bias acceleration has no angular part
+            cl, ca = _sym6_apply(Ia, c[0], c[1] if c[1] is not None else [torch.zeros_like(u)] * 3)
             pl, pa = _add(pl, cl), _add(pa, ca)
         pl, pa = _add(pl, _scale(Ul, uD)), _add(pa, _scale(Ua, uD))
         IA[par] = _sym6_add(IA[par], _sym6_to_parent(R, p, Ia))

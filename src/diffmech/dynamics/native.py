@@ -114,7 +114,7 @@ def _build(source: str) -> ctypes.CDLL:
                 src.write_text(source)
                 out = Path(tmp) / "kernel.so"
                 res = None
-                for extra in (_MVEC, []):  # without libmvec, sin/cos are scalar calls (slower, same values)
+                for extra in (_MVEC, []):  # without libmvec, sin/cos are scalar libm calls (slower)
                     res = subprocess.run([cc, *_FLAGS, *extra, str(src), "-o", str(out), "-lm"],
                                          capture_output=True, text=True)
                     if res.returncode == 0:
