@@ -129,8 +129,8 @@ def _build(source: str) -> ctypes.CDLL:
 class _Emitter:
     """Walks the traced graph and writes one C statement per arithmetic node."""
 
-    def __init__(self, n_state: int, const_shapes: Sequence[torch.Size], ctype: str):
-        self.n_state, self.ctype = n_state, ctype
+    def __init__(self, const_shapes: Sequence[torch.Size], ctype: str):
+        self.ctype = ctype
         self.const_offsets, off = [], 0
         self.const_strides = []
         for shape in const_shapes:
@@ -191,7 +191,7 @@ def _emit(graph: torch.fx.Graph, state_rows: Sequence[int], const_shapes, ctype:
     """C source of ``kernel(state, consts, out, start, stop)`` for ``graph``, and the shape of
     its output per state."""
     n_state = len(state_rows)
-    em = _Emitter(n_state, const_shapes, ctype)
+    em = _Emitter(const_shapes, ctype)
     aten = torch.ops.aten
     info: dict = {}
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
