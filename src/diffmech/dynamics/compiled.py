@@ -4,8 +4,8 @@ Without a graph (``torch.no_grad()``, or inputs that need no gradient), on the C
 runs as a native kernel: its lane program (:mod:`.lanes`: the per-state algorithm on ``(B,)``
 lanes, body-local frames) compiled to C by :mod:`.native` -- one vectorised loop over the batch
 with every intermediate in registers, any batch size, a few seconds to build, cached on disk.
-Measured on the iiwa (float64, 2 threads, BENCHMARKS.md): inverse dynamics 6x and forward dynamics
-7x the states per second of Pinocchio's batch API at 16384 states, 3x at 1024. Forward dynamics
+Measured on the iiwa (float64, 2 threads, BENCHMARKS.md): inverse dynamics 7.2x and forward
+dynamics 6.2x the states per second of Pinocchio's batch API at 16384 states, 3.8x and 2.9x at 1024. Forward dynamics
 with gradients w.r.t. ``(q, v, tau)`` only (no learnable model parameter) runs natively too: its
 backward is the kernel of ABA's reverse mode (:func:`.native.vjp_program`), which recomputes the
 forward pass per state in registers, so only the inputs are saved.

@@ -1,13 +1,12 @@
-"""RNEA, ABA and CRBA as straight-line programs on lanes: the form torch.compile turns into one loop.
+"""RNEA, ABA and CRBA as straight-line programs on lanes: the form :mod:`.native` turns into one loop.
 
 Every scalar of the per-state algorithm is a ``(B,)`` tensor -- one lane per state -- and every
-operation is elementwise. Traced by torch.compile with fusion unbounded (:data:`INDUCTOR_OPTIONS`),
-a whole algorithm becomes a single vectorised loop over the batch that keeps each state's
-intermediates in registers, as a hand-written C++ implementation would: nothing but the inputs and
-the result touches memory. The batch-last tensor programs of :mod:`.rnea` and :mod:`.aba` instead
-write every intermediate ``(nb, 6, B)`` array to memory, and torch.compile splits them into loops
-over small outer dimensions. In eager mode the code here issues thousands of tiny operations; it is
-written for compiled code (and runs eagerly in its tests).
+operation is elementwise. Traced and emitted as C (:mod:`.native`), a whole algorithm becomes a
+single vectorised loop over the batch that keeps each state's intermediates in registers: nothing
+but the inputs and the result touches memory. The batch-last tensor programs of :mod:`.rnea` and
+:mod:`.aba` instead write every intermediate ``(nb, 6, B)`` array to memory. In eager mode the code
+here issues thousands of tiny operations; it is written for code generation (and runs eagerly in
+its tests).
 
 Conventions (those of Featherstone 2008 and Pinocchio, not the world-frame form of the batch-last
 code): each body's quantities are in its own frame, spatial vectors are ``(linear; angular)``, a
@@ -16,7 +15,7 @@ frame. A floating base's ``v[:6]`` and ``a[:6]`` are its body-frame velocity and
 the rest of diffmech. Results equal the batch-last algorithms to rounding.
 
 A symmetric 6x6 matrix (spatial inertia, articulated inertia) is kept as blocks ``(A, Bm, C)``:
-``[[A, Bm], [Bm^T, C]]`` with ``A`` and ``C`` symmetric 3x3 (6 lanes each, see :func:`_sym`) and
+``[[A, Bm], [Bm^T, C]]`` with ``A`` and ``C`` symmetric 3x3 (6 lanes each, see ``_SYM``) and
 ``Bm`` a full 3x3 (9 lanes, row-major): 21 lanes in all.
 """
 
@@ -29,12 +28,7 @@ from torch import Tensor
 
 from ..model.robot import ModelTensors, RobotModel
 
-__all__ = ["rnea_lanes", "aba_lanes", "crba_lanes", "INDUCTOR_OPTIONS"]
-
-# torch.compile options for the lane programs. Inductor caps a fused kernel at 64 nodes by default,
-# which cuts a lane program into dozens of loops with their intermediates in memory. Unbounded, the
-# iiwa's RNEA is one loop: 4.98M states/s at batch 1024 against 1.63M with the cap (float64, 2 threads).
-INDUCTOR_OPTIONS = {"max_fusion_size": 1 << 20}
+__all__ = ["rnea_lanes", "aba_lanes", "crba_lanes"]
 
 Vec = list  # 3 lanes
 Mat = list  # 9 lanes, row-major
@@ -50,10 +44,6 @@ def _cross(a: Vec, b: Vec) -> Vec:
 
 def _add(a: Vec, b: Vec) -> Vec:
     return [x + y for x, y in zip(a, b)]
-
-
-def _sub(a: Vec, b: Vec) -> Vec:
-    return [x - y for x, y in zip(a, b)]
 
 
 def _scale(a: Vec, s) -> Vec:
@@ -335,15 +325,21 @@ def _joint_columns(I6: tuple[Sym, Mat, Sym], prismatic: bool, axis: Vec) -> tupl
     return _mv(Bm, axis), _sym_mv(C, axis)  # S = (0; axis)
 
 
-def _solve_spd6(I6: tuple[Sym, Mat, Sym], rhs: list[Tensor]) -> list[Tensor]:
-    """``x`` with ``[[A, Bm], [Bm^T, C]] x = rhs`` (symmetric positive definite) by LDL^T."""
+def _sym6_entries(I6: tuple[Sym, Mat, Sym]) -> list[list[Tensor]]:
+    """The full 6x6 matrix ``[[A, Bm], [Bm^T, C]]`` as rows of lanes."""
     A, Bm, C = I6
-    M = [[None] * 6 for _ in range(6)]
+    M: list[list] = [[None] * 6 for _ in range(6)]
     for i in range(3):
         for j in range(3):
             M[i][j] = A[_SYM[i][j]]
             M[3 + i][3 + j] = C[_SYM[i][j]]
             M[i][3 + j] = M[3 + j][i] = Bm[3 * i + j]
+    return M
+
+
+def _solve_spd6(I6: tuple[Sym, Mat, Sym], rhs: list[Tensor]) -> list[Tensor]:
+    """``x`` with ``[[A, Bm], [Bm^T, C]] x = rhs`` (symmetric positive definite) by LDL^T."""
+    M = _sym6_entries(I6)
     L = [[None] * 6 for _ in range(6)]
     Dg: list[Tensor] = []
     for j in range(6):
@@ -452,13 +448,9 @@ def crba_lanes(model: RobotModel, mt: ModelTensors, qT: Tensor) -> Tensor:
     zero = torch.zeros_like(qT[0])
     M = [[zero] * model.nv for _ in range(model.nv)]
     for b in range(model.nb):
-        if tree.nfree and b == 0:
-            A, Bm, C = Ic[0]
-            for i in range(3):
-                for j in range(3):
-                    M[i][j] = A[_SYM[i][j]]
-                    M[3 + i][3 + j] = C[_SYM[i][j]]
-                    M[i][3 + j] = M[3 + j][i] = Bm[3 * i + j]
+        if tree.nfree and b == 0:  # the base block is the composite inertia of the whole robot
+            for i, row in enumerate(_sym6_entries(Ic[0])):
+                M[i][:6] = row
             continue
         d, prismatic, axis = tree.joint(b)
         fl, fa = _joint_columns(Ic[b], prismatic, axis)

@@ -163,6 +163,11 @@ _UNARY = {
 }
 
 
+def _as_lane(k: tuple) -> tuple:
+    """A state row as the lane read from its tile array (see :func:`_assemble`); other infos unchanged."""
+    return ("lane", f"xs{k[1]}[{k[2]}][i]") if k[0] == "row" else k
+
+
 def _deps(args: list[tuple]) -> list[str]:
     """The temporaries an expression reads (tile inputs are arrays, readable anywhere)."""
     return [a[1] for a in args if a[0] == "lane" and a[1].startswith("t")]
@@ -249,9 +254,7 @@ def _emit(graph: torch.fx.Graph, state_rows: Sequence[int], const_shapes, ctype:
             grad, sizes, dim, idx = n.args
             if dim != 0 or len(sizes) != 2:
                 raise NativeUnavailable("native kernel: select_backward other than of a row")
-            k = info[grad]
-            k = ("lane", f"xs{k[1]}[{k[2]}][i]") if k[0] == "row" else k
-            info[n] = ("rows", sizes[0], {idx: k})
+            info[n] = ("rows", sizes[0], {idx: _as_lane(info[grad])})
             continue
         if t is aten.add.Tensor and all(isinstance(a, torch.fx.Node) and info[a][0] == "rows" for a in n.args):
             (_, nr, x), (_, _, y) = info[n.args[0]], info[n.args[1]]
@@ -262,8 +265,7 @@ def _emit(graph: torch.fx.Graph, state_rows: Sequence[int], const_shapes, ctype:
             info[n] = ("rows", nr, merged)
             continue
         if t is aten.pow.Tensor_Scalar and n.args[1] in (2, 3):
-            k = info[n.args[0]]
-            k = ("lane", f"xs{k[1]}[{k[2]}][i]") if k[0] == "row" else k
+            k = _as_lane(info[n.args[0]])
             sq = em.new(f"{k[1]} * {k[1]}", k[0] == "lane", _deps([k]))
             info[n] = sq if n.args[1] == 2 else em.new(f"{sq[1]} * {k[1]}", k[0] == "lane", _deps([sq, k]))
             continue
@@ -275,10 +277,8 @@ def _emit(graph: torch.fx.Graph, state_rows: Sequence[int], const_shapes, ctype:
         args = []
         for a in n.args:
             if isinstance(a, torch.fx.Node):
-                k = info[a]
-                if k[0] == "row":
-                    args.append(("lane", f"xs{k[1]}[{k[2]}][i]"))
-                elif k[0] in ("lane", "scalar"):
+                k = _as_lane(info[a])
+                if k[0] in ("lane", "scalar"):
                     args.append(k)
                 else:
                     raise NativeUnavailable(f"native kernel: {name} of a non-scalar ({k[0]})")
@@ -322,8 +322,7 @@ def _assemble(em: _Emitter, state_rows: Sequence[int], flat: list) -> str:
     where = {name: k for k, seg in enumerate(segments) for name, _, _ in seg}
     outputs: dict[int, list[tuple[int, str]]] = {}
     for k, v in enumerate(flat):
-        if v[0] == "row":
-            v = ("lane", f"xs{v[1]}[{v[2]}][i]")
+        v = _as_lane(v)
         if v[0] not in ("lane", "scalar"):
             raise NativeUnavailable(f"native kernel: output of kind {v[0]}")
         seg = where.get(v[1], len(segments) - 1)
