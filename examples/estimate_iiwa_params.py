@@ -85,7 +85,7 @@ def true_values(robot) -> dict[str, float]:
     out = {}
     for link in LINKS:
         out[f"{link}.mass"] = float(robot.link_params(link).mass)
-        out[f"{link}.damping"] = float(robot._param_owner(link, "damping")[0].damping)
+        out[f"{link}.damping"] = float(robot.param_owner(link, "damping")[0].damping)
     return out
 
 
@@ -94,14 +94,13 @@ def set_values(robot, values: dict[str, float]) -> None:
     with torch.no_grad():
         for name, val in values.items():
             link, kind = name.rsplit(".", 1)
-            module, attr = robot._param_owner(link, kind)
+            module, attr = robot.param_owner(link, kind)
             getattr(module, attr).fill_(val)
-    robot._cache = None
 
 
 def current_values(robot) -> dict[str, float]:
     with torch.no_grad():
-        return {name: float(getattr(*robot._param_owner(*name.rsplit(".", 1)))) for name in true_values_keys()}
+        return {name: float(getattr(*robot.param_owner(*name.rsplit(".", 1)))) for name in true_values_keys()}
 
 
 def true_values_keys() -> list[str]:

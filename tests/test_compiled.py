@@ -41,7 +41,7 @@ def test_bad_input(robot):
     f = compiled(robot, compile=False)
     with pytest.raises(diffmech.ShapeError, match=r"'q' must have shape \(B, 3\)"):
         f(torch.zeros(3, 5, dtype=torch.float64), torch.zeros(3, 3), torch.zeros(3, 3))
-    with pytest.raises(diffmech.ShapeError, match="unknown algorithm"):
+    with pytest.raises(diffmech.OptionError, match="unknown algorithm"):
         compiled(robot, "aba_twice")
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import diffmech
-from diffmech.errors import DiffmechError, ModelError, ShapeError, URDFError
+from diffmech.errors import DiffmechError, ModelError, OptionError, ShapeError, URDFError
 
 DT = torch.float64
 
@@ -405,12 +405,12 @@ def test_link_index_out_of_range(arm, state):
 
 
 def test_unknown_frame(arm, state):
-    with raises(ShapeError, "body_fixed", "world_aligned"):
+    with raises(OptionError, "body_fixed", "world_aligned"):
         arm.jacobian(state[0], "hand", frame="body_fixed")
 
 
 def test_point_with_world_frame(arm, state):
-    with raises(ShapeError, "point", "world"):
+    with raises(OptionError, "point", "world"):
         arm.jacobian(state[0], "hand", frame="world", point=torch.zeros(3, dtype=DT))
 
 
@@ -420,7 +420,7 @@ def test_point_wrong_shape(arm, state):
 
 
 def test_unknown_forward_dynamics_method(arm, state):
-    with raises(ShapeError, "featherstone", "aba", "crba"):
+    with raises(OptionError, "featherstone", "aba", "crba"):
         arm.forward_dynamics(*state, method="featherstone")
 
 

@@ -26,16 +26,16 @@ def rel_err(got, want):
 def test_lane_programs_match_batch_last_algorithms(key):
     robot = get_robot(key)
     q, v, a, _ = random_state(robot, (5,), seed=3)
-    mt = robot.model_tensors(torch.float64)
+    mt, tree = robot.model_tensors(torch.float64), robot.tree
     with torch.no_grad():
         for passive in (False, True):
-            tau = lanes.rnea_lanes(robot, mt, q.t(), v.t(), a.t(), passive).t()
-            assert rel_err(tau, rnea_flat(robot, q, v, a, None, passive)) < 1e-12
-            qdd = lanes.aba_lanes(robot, mt, q.t(), v.t(), a.t(), passive).t()
+            tau = lanes.rnea_lanes(tree, mt, q.t(), v.t(), a.t(), passive).t()
+            assert rel_err(tau, rnea_flat(tree, mt, q, v, a, None, passive)) < 1e-12
+            qdd = lanes.aba_lanes(tree, mt, q.t(), v.t(), a.t(), passive).t()
             # ABA accumulates rounding like M^-1: compare at the conditioning of the robot's M
-            assert rel_err(qdd, aba_flat(robot, q, v, a, None, passive)) < 1e-10
-        M = lanes.crba_lanes(robot, mt, q.t()).permute(2, 0, 1)
-        assert rel_err(M, crba_flat(robot, q)) < 1e-12
+            assert rel_err(qdd, aba_flat(tree, mt, q, v, a, None, passive)) < 1e-10
+        M = lanes.crba_lanes(tree, mt, q.t()).permute(2, 0, 1)
+        assert rel_err(M, crba_flat(tree, mt, q)) < 1e-12
 
 
 def test_lane_program_bias_forces_without_acceleration():
@@ -43,7 +43,7 @@ def test_lane_program_bias_forces_without_acceleration():
     q, v, _, _ = random_state(robot, (4,), seed=1)
     mt = robot.model_tensors(torch.float64)
     with torch.no_grad():
-        h = lanes.rnea_lanes(robot, mt, q.t(), v.t(), None, True).t()
+        h = lanes.rnea_lanes(robot.tree, mt, q.t(), v.t(), None, True).t()
     torch.testing.assert_close(h, robot.bias_forces(q, v), rtol=1e-12, atol=1e-12)
 
 

@@ -9,23 +9,27 @@ import torch
 from conftest import ROBOTS, get_robot, random_state
 from diffmech.dynamics._common import tree_state
 from diffmech.dynamics.rnea import rnea_flat
-from diffmech.dynamics.rnea_vjp import rnea_vjp_bl, rnea_vjp_supported
+from diffmech.dynamics.rnea_vjp import rnea_vjp_bl
 from diffmech.model import systems
 
 FLOATING = [k for k, v in ROBOTS.items() if v[2]]
 
 
-def _check(robot, batch, passive, seed=0, quat_scale=1.0):
-    q, v, a, _ = random_state(robot, (batch,), seed)
+def _check(robot, batch, passive, seed=0, quat_scale=1.0, with_f_ext=False):
+    q, v, a, f = random_state(robot, (batch,), seed)
     if robot.floating_base:  # a drifted quaternion: the kinematics normalise it
         q = torch.cat([q[:, :3], q[:, 3:7] * quat_scale, q[:, 7:]], dim=1)
+    f = f if with_f_ext else None
+    tree, mt = robot.tree, robot.model_tensors()
     lam = torch.randn(batch, robot.nv, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
-    qg, vg, ag = (t.clone().requires_grad_(True) for t in (q, v, a))
-    ref = torch.autograd.grad(rnea_flat(robot, qg, vg, ag, None, passive), [qg, vg, ag], lam)
-    got = rnea_vjp_bl(robot, tree_state(robot, q), q.T, v.T, a.T, lam.T, passive)
-    for name, r, g in zip("qva", ref, got):
+    ins = [t.clone().requires_grad_(True) for t in (q, v, a) + ((f,) if with_f_ext else ())]
+    out = rnea_flat(tree, mt, ins[0], ins[1], ins[2], ins[3] if with_f_ext else None, passive)
+    ref = torch.autograd.grad(out, ins, lam)
+    got = rnea_vjp_bl(tree, tree_state(tree, mt, q), q.T, v.T, a.T, lam.T, passive, f_ext=f)
+    got = [got.q.T, got.v.T, got.a.T] + ([got.f_ext] if with_f_ext else [])
+    for name, r, g in zip(["q", "v", "a", "f_ext"], ref, got):
         scale = max(1.0, float(r.abs().max()))
-        err = float((g.T - r).abs().max()) / scale
+        err = float((g - r).abs().max()) / scale
         assert err < 1e-12, (robot.name, name, err)
 
 
@@ -48,10 +52,11 @@ def test_passive_terms(passive):
     _check(robot, 4, passive)
 
 
-def test_scope():
-    assert rnea_vjp_supported(get_robot("iiwa"), None)
-    assert not rnea_vjp_supported(get_robot("iiwa"), torch.zeros(1, get_robot("iiwa").n_links, 6))
-    assert rnea_vjp_supported(get_robot("humanoid"), None)
+@pytest.mark.parametrize("key", ["iiwa", "branching_tree", "laikago", "humanoid"])
+@pytest.mark.parametrize("passive", [True, False])
+def test_external_forces(key, passive):
+    """Cotangents of the external link forces, and of q through the moving points they act at."""
+    _check(get_robot(key), 5, passive, seed=4, with_f_ext=True)
 
 
 @pytest.mark.parametrize("method", ["aba", "crba"])
@@ -77,12 +82,13 @@ def test_matches_central_differences(key):
     g = torch.Generator().manual_seed(8)
     lam, dv, da = (torch.randn(3, robot.nv, dtype=torch.float64, generator=g) for _ in range(3))
     dq = torch.randn(3, robot.nq, dtype=torch.float64, generator=g)
-    qbar, vbar, abar = rnea_vjp_bl(robot, tree_state(robot, q), q.T, v.T, a.T, lam.T, True)
+    tree, mt = robot.tree, robot.model_tensors()
+    qbar, vbar, abar, _ = rnea_vjp_bl(tree, tree_state(tree, mt, q), q.T, v.T, a.T, lam.T, True)
     pred = (qbar.T * dq).sum() + (vbar.T * dv).sum() + (abar.T * da).sum()
     h = 1e-6
 
     def f(s):
-        return (lam * rnea_flat(robot, q + s * h * dq, v + s * h * dv, a + s * h * da, None, True)).sum()
+        return (lam * rnea_flat(tree, mt, q + s * h * dq, v + s * h * dv, a + s * h * da, None, True)).sum()
 
     fd = (f(1.0) - f(-1.0)) / (2 * h)
     assert abs(float(fd - pred)) < 1e-7 * max(1.0, abs(float(fd)))

@@ -13,7 +13,7 @@ from torch import nn
 
 import diffmech
 from diffmech import JointSpec, LinkSpec, RobotModel, RobotSpec
-from diffmech.errors import ConvergenceError, ShapeError, SimulationError
+from diffmech.errors import ConvergenceError, OptionError, ShapeError, SimulationError
 from diffmech.sim import INTEGRATORS, rollout
 
 DT = torch.float64
@@ -307,7 +307,7 @@ def test_bad_arguments():
     robot = two_link_arm()
     q0, v0 = torch.zeros(2, dtype=DT), torch.zeros(2, dtype=DT)
     tau = torch.zeros(4, 2, dtype=DT)
-    with pytest.raises(ShapeError, match="adjoint"):
+    with pytest.raises(OptionError, match="adjoint"):
         rollout(robot, q0, v0, tau, 0.01, adjoint="magic")
     with pytest.raises(ShapeError, match="checkpoint_every"):
         rollout(robot, q0, v0, tau, 0.01, checkpoint_every=0)

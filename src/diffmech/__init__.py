@@ -10,21 +10,33 @@ from .dynamics import (
     forward_kinematics,
     generalized_gravity,
     integrate,
+    inverse_dynamics,
     jacobian,
     kinetic_energy,
     link_pose,
+    mass_matrix,
     potential_energy,
     rnea,
 )
-from .errors import ConvergenceError, DiffmechError, ModelError, ShapeError, SimulationError, URDFError
-from .model import JointSpec, LinkSpec, RobotModel, RobotSpec, load_urdf, parse_urdf
+from .errors import (
+    ConvergenceError,
+    DiffmechError,
+    ModelError,
+    OptionError,
+    ShapeError,
+    SimulationError,
+    URDFError,
+)
+from .model import JointSpec, KinematicTree, LinkSpec, RobotSpec, parse_urdf
+from .model import systems as systems
+from .robot import RobotModel, load_urdf
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "sim", "RobotModel", "RobotSpec", "LinkSpec", "JointSpec", "load_urdf", "parse_urdf",
+    "sim", "systems", "RobotModel", "KinematicTree", "RobotSpec", "LinkSpec", "JointSpec", "load_urdf", "parse_urdf",
     "forward_kinematics", "link_pose", "jacobian", "center_of_mass", "integrate",
-    "rnea", "crba", "aba", "forward_dynamics", "bias_forces", "generalized_gravity",
-    "kinetic_energy", "potential_energy",
-    "DiffmechError", "ModelError", "URDFError", "ShapeError", "ConvergenceError", "SimulationError",
+    "rnea", "inverse_dynamics", "crba", "mass_matrix", "aba", "forward_dynamics", "bias_forces",
+    "generalized_gravity", "kinetic_energy", "potential_energy",
+    "DiffmechError", "ModelError", "URDFError", "ShapeError", "OptionError", "ConvergenceError", "SimulationError",
 ]

@@ -25,3 +25,8 @@ class ConvergenceError(DiffmechError, RuntimeError):
 
 class SimulationError(DiffmechError, RuntimeError):
     """A rollout that produced non-finite states or could not be continued."""
+
+
+class OptionError(DiffmechError, ValueError):
+    """An option that is not one of its allowed values (an algorithm, method, frame, integrator or
+    adjoint name, ...)."""

@@ -22,13 +22,20 @@ import torch
 from torch import Tensor
 
 from ..errors import ShapeError
-from ..model.robot import ModelTensors, RobotModel
+from ..model.parameters import ModelTensors, RobotParameters
+from ..model.tree import KinematicTree
 
 
-def as_state(model: RobotModel, named: list) -> tuple[list[Tensor], tuple[int, ...]]:
+def bind(robot: RobotParameters, like: Tensor) -> tuple[KinematicTree, ModelTensors]:
+    """The tree and the parameter tensors of ``robot`` in ``like``'s dtype and device."""
+    return robot.tree, robot.model_tensors(like.dtype, like.device)
+
+
+def as_state(model: RobotParameters, named: list) -> tuple[list[Tensor], tuple[int, ...]]:
     """Validate and broadcast state tensors, then flatten their batch dimensions.
 
     Args:
+        model: the robot (its name, dtype and device; shapes come with ``named``).
         named: ``(name, tensor, trailing)`` triples, ``trailing`` the expected last dimension
             (an int) or trailing shape (a tuple); ``None`` entries are skipped.
 
@@ -200,24 +207,24 @@ def quat_to_matrix_bl(quat: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------- the kinematic pass
-def body_placements(model: RobotModel, mt: ModelTensors, qT: Tensor) -> tuple[Tensor, Tensor]:
+def body_placements(tree: KinematicTree, mt: ModelTensors, qT: Tensor) -> tuple[Tensor, Tensor]:
     """World placements of all bodies. ``qT (nq, B) -> R (nb, 3, 3, B), p (nb, 3, B)``."""
-    qj = qT[model._q_joint_start:]  # (nj, B)
+    qj = qT[tree.q_joint_start:]  # (nj, B)
     s = qj.sin()[:, None, None]
     c1 = (1.0 - qj.cos())[:, None, None]
     R_loc = torch.addcmul(torch.addcmul(mt.A0, s, mt.A1), c1, mt.A2)  # (nj, 3, 3, B)
     # lin_dir is exactly zero on revolute joints, whatever the parameters.
-    p_loc = torch.addcmul(mt.p_tree, mt.lin_dir, qj[:, None]) if model._any_prismatic else mt.p_tree  # (nj, 3, B|1)
+    p_loc = torch.addcmul(mt.p_tree, mt.lin_dir, qj[:, None]) if tree.any_prismatic else mt.p_tree  # (nj, 3, B|1)
     if small_batch(qT):
-        return _placements_by_jumping(model, qT, R_loc, p_loc)
-    Rs: list[Tensor] = [None] * model.nb  # type: ignore[list-item]
-    ps: list[Tensor] = [None] * model.nb  # type: ignore[list-item]
-    off = model._nfree
+        return _placements_by_jumping(tree, qT, R_loc, p_loc)
+    Rs: list[Tensor] = [None] * tree.nb  # type: ignore[list-item]
+    ps: list[Tensor] = [None] * tree.nb  # type: ignore[list-item]
+    off = tree.nfree
     if off:
         Rs[0] = quat_to_matrix_bl(qT[3:7])
         ps[0] = qT[:3]
-    for idx, par in model._levels:
-        if off and idx == [0]:
+    for idx, par in tree.levels:
+        if off and idx == (0,):
             continue
         if len(idx) == 1:
             b, pb = idx[0], par[0]
@@ -242,7 +249,7 @@ def body_placements(model: RobotModel, mt: ModelTensors, qT: Tensor) -> tuple[Te
     return torch.stack(Rs), torch.stack(ps)
 
 
-def _placements_by_jumping(model: RobotModel, qT: Tensor, R_loc: Tensor, p_loc: Tensor) -> tuple[Tensor, Tensor]:
+def _placements_by_jumping(tree: KinematicTree, qT: Tensor, R_loc: Tensor, p_loc: Tensor) -> tuple[Tensor, Tensor]:
     """:func:`body_placements` for small batches, as products of homogeneous transforms.
 
     Each step composes every body's transform with the one 2^k levels up (pointer jumping), so a
@@ -252,30 +259,28 @@ def _placements_by_jumping(model: RobotModel, qT: Tensor, R_loc: Tensor, p_loc: 
     B = qT.shape[1]
     R = R_loc.permute(0, 3, 1, 2)  # (nj, B, 3, 3)
     p = p_loc.permute(0, 2, 1)[..., None].expand(-1, B, 3, 1)  # (nj, B, 3, 1)
-    if model._nfree:
+    if tree.nfree:
         R = torch.cat([quat_to_matrix_bl(qT[3:7]).permute(2, 0, 1)[None], R])
         p = torch.cat([qT[:3].transpose(0, 1)[None, :, :, None], p])
     eye = torch.eye(4, dtype=qT.dtype, device=qT.device)
-    T = torch.cat([torch.cat([R, p], -1), eye[3:].expand(model.nb, B, 1, 4)], -2)
+    T = torch.cat([torch.cat([R, p], -1), eye[3:].expand(tree.nb, B, 1, 4)], -2)
     T = torch.cat([T, eye.expand(1, B, 4, 4)])  # (nb + 1, B, 4, 4), the last the world
-    for anc in model._jumps:
+    for anc in tree.tables(qT.dtype, qT.device).jumps:
         T = T[anc] @ T
     T = T[:-1]
     return T[..., :3, :3].permute(0, 2, 3, 1), T[..., :3, 3].permute(0, 2, 1)
 
 
-def tree_state(model: RobotModel, q: Tensor, mt: ModelTensors | None = None, *, batch_last: bool = False) -> TreeState:
+def tree_state(tree: KinematicTree, mt: ModelTensors, q: Tensor, *, batch_last: bool = False) -> TreeState:
     """Body placements and world-frame motion subspaces for ``q (B, nq)`` (or ``(nq, B)``)."""
-    if mt is None:
-        mt = model.model_tensors(q.dtype, q.device)
     qT = q if batch_last else q.transpose(0, 1)
-    R, p = body_placements(model, mt, qT)
-    off = model._nfree
+    R, p = body_placements(tree, mt, qT)
+    off = tree.nfree
     Rj, pj = R[off:], p[off:]
     w_rot = mv(Rj, mt.rot_axis)  # (nj, 3, B)
     # A revolute axis through p with direction w moves the world origin with velocity p x w.
     lin = cross(pj, w_rot)
-    if model._any_prismatic:  # lin_axis is exactly zero on revolute joints
+    if tree.any_prismatic:  # lin_axis is exactly zero on revolute joints
         lin = lin + mv(Rj, mt.lin_axis)
     S = torch.cat([lin, w_rot], dim=-2)
     if off:
@@ -336,7 +341,7 @@ class VelocityTerms(NamedTuple):
 
 
 def velocity_terms(
-    model: RobotModel, ts: TreeState, vT: Tensor, f_ext: Tensor | None, inertia: RigidInertia | None = None
+    tree: KinematicTree, ts: TreeState, vT: Tensor, f_ext: Tensor | None, inertia: RigidInertia | None = None
 ) -> VelocityTerms:
     """Body velocities, joint bias accelerations and body bias forces for ``vT (nv, B)``.
 
@@ -344,26 +349,23 @@ def velocity_terms(
     """
     if inertia is None:
         inertia = world_inertia(ts)
-    mask_bd, _ = masks(model, vT)
+    mask_bd, _ = masks(tree, vT)
     Sv = ts.S * vT[:, None]
     V = tree_sum(mask_bd, Sv)
     # Each column moves with its body: d/dt S_d = V_body(d) x S_d. Without a floating base, DoF d
     # is body d.
-    c = motion_cross(V[model._dof_body] if model._nfree else V, Sv)
+    c = motion_cross(V[tree.tables(vT.dtype, vT.device).dof_body] if tree.nfree else V, Sv)
     bias = force_cross(V, inertia.apply(V))
     if f_ext is not None:
-        bias = bias - external_body_forces(model, ts, f_ext)
+        bias = bias - external_body_forces(tree, ts, f_ext)
     return VelocityTerms(inertia, V, c, bias)
 
 
-def masks(model: RobotModel, like: Tensor) -> tuple[Tensor, Tensor]:
+def masks(tree: KinematicTree, like: Tensor) -> tuple[Tensor, Tensor]:
     """``(mask_bd (nb, nv), mask_db (nv, nb))`` in ``like``'s dtype: ``mask_bd[i, d] = 1`` when
     joint ``d`` moves body ``i``."""
-    bd, db = model._mask_bd, model._mask_db
-    if bd.dtype == like.dtype and bd.device == like.device:
-        return bd, db
-    kw = dict(dtype=like.dtype, device=like.device)
-    return bd.to(**kw), db.to(**kw)
+    tb = tree.tables(like.dtype, like.device)
+    return tb.mask_bd, tb.mask_db
 
 
 def tree_sum(mask: Tensor, x: Tensor) -> Tensor:
@@ -376,26 +378,26 @@ def gravity_acceleration(mt: ModelTensors) -> Tensor:
     return torch.nn.functional.pad(-mt.gravity, (0, 3))[:, None]
 
 
-def passive_forces(model: RobotModel, mt: ModelTensors, qT: Tensor, vT: Tensor) -> Tensor:
+def passive_forces(tree: KinematicTree, mt: ModelTensors, qT: Tensor, vT: Tensor) -> Tensor:
     """Joint damping and spring forces ``(nv, B)`` acting *on* the joints (zero on the base)."""
-    qj = qT[model._q_joint_start:]
-    vj = vT[model._v_joint_start:]
+    qj = qT[tree.q_joint_start:]
+    vj = vT[tree.v_joint_start:]
     tj = -mt.damping[:, None] * vj - mt.stiffness[:, None] * (qj - mt.rest[:, None])
-    if model._nfree:
+    if tree.nfree:
         tj = torch.cat([torch.zeros_like(vT[:6]), tj], dim=0)
     return tj
 
 
-def add_passive(model: RobotModel, mt: ModelTensors, tauT: Tensor, qT: Tensor, vT: Tensor, sign: float) -> Tensor:
+def add_passive(tree: KinematicTree, mt: ModelTensors, tauT: Tensor, qT: Tensor, vT: Tensor, sign: float) -> Tensor:
     """``tauT + sign * passive_forces(...)`` in fewer operations (``tauT (nv, B)``)."""
-    if model._nfree:
-        return tauT + sign * passive_forces(model, mt, qT, vT)
+    if tree.nfree:
+        return tauT + sign * passive_forces(tree, mt, qT, vT)
     # Fixed base: every coordinate is a joint's, so both products fuse into tau with no slicing.
     tauT = torch.addcmul(tauT, mt.damping[:, None], vT, value=-sign)
     return torch.addcmul(tauT, mt.stiffness[:, None], qT - mt.rest[:, None], value=-sign)
 
 
-def external_body_forces(model: RobotModel, ts: TreeState, f_ext: Tensor) -> Tensor:
+def external_body_forces(tree: KinematicTree, ts: TreeState, f_ext: Tensor) -> Tensor:
     """Map link forces to world-origin body forces.
 
     Args:
@@ -406,18 +408,22 @@ def external_body_forces(model: RobotModel, ts: TreeState, f_ext: Tensor) -> Ten
         (nb, 6, B) spatial forces at the world origin, summed per body (links fixed to the world
         are dropped: they cannot move).
     """
-    mt = ts.mt
-    keep = [i for i, b in enumerate(model.link_body) if b >= 0]
-    body = torch.tensor([model.link_body[i] for i in keep], device=f_ext.device)
-    keep_t = torch.tensor(keep, device=f_ext.device)
-    R_b, p_b = ts.R[body], ts.p[body]
-    origin = p_b + mv(R_b, mt.link_p[keep_t][..., None])
+    keep_t, body, origin = link_origins(tree, ts, f_ext)
     f = f_ext[:, keep_t].permute(1, 2, 0)  # (k, 6, B)
     fw = torch.cat([f[:, :3], f[:, 3:] + cross(origin, f[:, :3])], dim=1)
-    out = torch.zeros(model.nb, 6, f_ext.shape[0], dtype=f_ext.dtype, device=f_ext.device)
+    out = torch.zeros(tree.nb, 6, f_ext.shape[0], dtype=f_ext.dtype, device=f_ext.device)
     return out.index_add(0, body, fw)
 
 
-def f_ext_entry(model: RobotModel, f_ext) -> tuple | None:
+def link_origins(tree: KinematicTree, ts: TreeState, like: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The links that move, their bodies (both ``(k,)`` long) and their origins in the world
+    ``(k, 3, B)`` (links fixed to the world cannot move and are left out)."""
+    tb = tree.tables(like.dtype, like.device)
+    keep, body = tb.moving_links, tb.moving_link_body
+    origin = ts.p[body] + mv(ts.R[body], ts.mt.link_p[keep][..., None])
+    return keep, body, origin
+
+
+def f_ext_entry(model: RobotParameters, f_ext) -> tuple | None:
     """The :func:`as_state` entry of an optional ``f_ext (..., n_links, 6)``."""
     return None if f_ext is None else ("f_ext", f_ext, (model.n_links, 6))

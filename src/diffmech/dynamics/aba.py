@@ -24,13 +24,15 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..errors import ShapeError
-from ..model.robot import ModelTensors, RobotModel
+from ..errors import OptionError
+from ..model.parameters import ModelTensors, RobotParameters
+from ..model.tree import KinematicTree
 from ._common import (
     RigidInertia,
     TreeState,
     add_passive,
     as_state,
+    bind,
     f_ext_entry,
     gravity_acceleration,
     mm,
@@ -41,7 +43,7 @@ from ._common import (
 )
 from .crba import crba_flat
 from .rnea import rnea_bl, rnea_flat
-from .rnea_vjp import rnea_state_vjp, rnea_vjp_supported
+from .rnea_vjp import rnea_state_vjp
 
 __all__ = ["aba", "forward_dynamics", "aba_flat", "forward_dynamics_flat", "METHODS"]
 
@@ -56,8 +58,8 @@ class _Level(NamedTuple):
     """One depth of the tree. A depth with a single body (every depth of a chain) drops the ``k``
     dimension: no stacking, unsqueezing or selecting, which at batch 1 is most of the work."""
 
-    idx: list[int]  # bodies at this depth
-    par: list[int]  # their parents
+    idx: tuple[int, ...]  # bodies at this depth
+    par: tuple[int, ...]  # their parents
     dofs: list[int] | int  # their DoF indices (an int for a single body)
     U: Tensor  # (k, 6, B) IA S
     D: Tensor  # (k, B) S^T IA S
@@ -75,20 +77,20 @@ class _Factors(NamedTuple):
     kinematics: tuple[TreeState, RigidInertia]  # the kinematic pass and world inertias at q
 
 
-def _aba(model: RobotModel, q: Tensor, v: Tensor, tau: Tensor, f_ext, passive: bool, mt) -> tuple[Tensor, _Factors]:
-    ts = tree_state(model, q, mt)
-    mt = ts.mt
+def _aba(tree: KinematicTree, mt: ModelTensors, q: Tensor, v: Tensor, tau: Tensor, f_ext, passive: bool
+         ) -> tuple[Tensor, _Factors]:
+    ts = tree_state(tree, mt, q)
     vT, tauT = v.transpose(0, 1), tau.transpose(0, 1)
     S = ts.S
-    vt = velocity_terms(model, ts, vT, f_ext)
+    vt = velocity_terms(tree, ts, vT, f_ext)
     c = vt.c  # (nv, 6, B)
     if passive:
-        tauT = add_passive(model, mt, tauT, q.transpose(0, 1), vT, 1.0)
+        tauT = add_passive(tree, mt, tauT, q.transpose(0, 1), vT, 1.0)
     IA = list(vt.inertia.matrix().unbind(0))
     pA = list(vt.bias.unbind(0))
-    off = model._nfree
+    off = tree.nfree
     levels: list[_Level] = []
-    for idx, par, dofs in level_structure(model):
+    for idx, par, dofs in level_structure(tree):
         if len(idx) == 1:
             Il, pl = IA[idx[0]], pA[idx[0]]
         else:
@@ -113,7 +115,7 @@ def _aba(model: RobotModel, q: Tensor, v: Tensor, tau: Tensor, f_ext, passive: b
 
     B = q.shape[0]
     a_world = gravity_acceleration(mt).expand(6, B)
-    A: list[Tensor] = [None] * model.nb  # type: ignore[list-item]
+    A: list[Tensor] = [None] * tree.nb  # type: ignore[list-item]
     pieces: list[Tensor] = []
     root = None
     if off:
@@ -136,18 +138,18 @@ def _aba(model: RobotModel, q: Tensor, v: Tensor, tau: Tensor, f_ext, passive: b
             for k, b in enumerate(lv.idx):
                 A[b] = Al[k]
             pieces.append(ql)
-    qdd = torch.cat(pieces, 0)[model._aba_gather]  # (nv, B) in DoF order
+    qdd = torch.cat(pieces, 0)[list(tree.aba_gather)]  # (nv, B) in DoF order
     return qdd.transpose(0, 1), _Factors(levels, root, (ts, vt.inertia))
 
 
-def level_structure(model: RobotModel) -> list[tuple[list[int], list[int], list[int] | int]]:
+def level_structure(tree: KinematicTree) -> list[tuple[tuple[int, ...], tuple[int, ...], list[int] | int]]:
     """``(bodies, parents, dofs)`` of each depth below a floating base, deepest first, as ABA
-    sweeps them (``dofs`` an int for a single-body depth)."""
+    sweeps them (``dofs`` an int for a single-body depth, else a list usable as an index)."""
     out = []
-    for (idx, par), level_dofs in zip(reversed(model._levels), reversed(model._level_dofs)):
-        if model._nfree and idx == [0]:
+    for (idx, par), level_dofs in zip(reversed(tree.levels), reversed(tree.level_dofs)):
+        if tree.nfree and idx == (0,):
             continue
-        out.append((idx, par, level_dofs[0] if len(idx) == 1 else level_dofs))
+        out.append((idx, par, level_dofs[0] if len(idx) == 1 else list(level_dofs)))
     return out
 
 
@@ -160,20 +162,20 @@ def factor_tensors(factors: _Factors) -> list[Tensor]:
     return out
 
 
-def factors_from(model: RobotModel, ts: TreeState, tensors: list[Tensor]) -> _Factors:
+def factors_from(tree: KinematicTree, ts: TreeState, tensors: list[Tensor]) -> _Factors:
     """Rebuild the :class:`_Factors` that apply ``M^{-1}`` from :func:`factor_tensors` and the
     kinematic pass ``ts`` at the same configuration."""
     levels = []
-    for k, (idx, par, dofs) in enumerate(level_structure(model)):
+    for k, (idx, par, dofs) in enumerate(level_structure(tree)):
         U, D = tensors[2 * k], tensors[2 * k + 1]
         levels.append(_Level(idx, par, dofs, U, D, U / D[..., None, :], None, ts.S[dofs], None))
     root = None
-    if model._nfree:
+    if tree.nfree:
         root = (ts.S[:6].transpose(0, 1), tensors[-2], tensors[-1])
     return _Factors(levels, root, (ts, None))
 
 
-def _parent_accel(A: list[Tensor], par: list[int], a_world: Tensor) -> Tensor:
+def _parent_accel(A: list[Tensor], par: tuple[int, ...], a_world: Tensor) -> Tensor:
     if len(par) == 1:
         return A[par[0]] if par[0] >= 0 else a_world
     return torch.stack([A[p] if p >= 0 else a_world for p in par])
@@ -184,10 +186,10 @@ def _solve6(D0: Tensor, rhs: Tensor) -> Tensor:
     return torch.linalg.solve(D0.permute(2, 0, 1), rhs.transpose(0, 1)).transpose(0, 1)
 
 
-def apply_inverse_mass(model: RobotModel, factors: _Factors, g: Tensor) -> Tensor:
+def apply_inverse_mass(tree: KinematicTree, factors: _Factors, g: Tensor) -> Tensor:
     """``M(q)^{-1} g`` for ``g (B, nv)`` from the factors of a previous ABA pass at ``q``."""
     gT = g.transpose(0, 1)
-    pA: list[Tensor | None] = [None] * model.nb
+    pA: list[Tensor | None] = [None] * tree.nb
     us = []
     for lv in factors.levels:
         pl = _stack_opt(pA, lv.idx)
@@ -198,7 +200,7 @@ def apply_inverse_mass(model: RobotModel, factors: _Factors, g: Tensor) -> Tenso
                 pk = pa if len(lv.par) == 1 else pa[k]
                 pA[p] = pk if pA[p] is None else pA[p] + pk
         us.append(u)
-    A: list[Tensor | None] = [None] * model.nb
+    A: list[Tensor | None] = [None] * tree.nb
     out = torch.empty_like(gT)
     if factors.root is not None:
         S0, _, D0 = factors.root
@@ -219,7 +221,7 @@ def apply_inverse_mass(model: RobotModel, factors: _Factors, g: Tensor) -> Tenso
     return out.transpose(0, 1)
 
 
-def _stack_opt(values: list, idx: list[int]) -> Tensor | None:
+def _stack_opt(values: list, idx: tuple[int, ...]) -> Tensor | None:
     """Stack ``values[i]`` for ``i`` in ``idx`` (``None`` or ``i < 0`` count as zero); ``None`` if all zero.
     A single index gives the value itself (a single-body level has no level dimension)."""
     got = [values[i] if i >= 0 else None for i in idx]
@@ -232,25 +234,26 @@ def _stack_opt(values: list, idx: list[int]) -> Tensor | None:
 
 
 def aba_flat(
-    model: RobotModel,
+    tree: KinematicTree,
+    mt: ModelTensors,
     q: Tensor,
     v: Tensor,
     tau: Tensor,
     f_ext: Tensor | None = None,
     passive: bool = True,
-    mt: ModelTensors | None = None,
 ) -> Tensor:
-    """ABA on flat batches: ``q (B, nq), v (B, nv), tau (B, nv) -> qdd (B, nv)``."""
-    return _aba(model, q, v, tau, f_ext, passive, mt)[0]
+    """ABA on flat batches: ``q (B, nq), v (B, nv), tau (B, nv) -> qdd (B, nv)`` (plain autograd)."""
+    return _aba(tree, mt, q, v, tau, f_ext, passive)[0]
 
 
-def _solve_crba(model, q, v, tau, f_ext, passive, mt) -> tuple[Tensor, tuple[Tensor, Tensor], tuple]:
+def _solve_crba(tree: KinematicTree, mt: ModelTensors, q, v, tau, f_ext, passive
+                ) -> tuple[Tensor, tuple[Tensor, Tensor], tuple]:
     """``qdd (B, nv)`` from the mass matrix and the bias forces, the LU factors of ``M``, and the
     kinematic pass with the world inertias."""
-    ts = tree_state(model, q, mt)
+    ts = tree_state(tree, mt, q)
     inertia = world_inertia(ts)
-    M = crba_flat(model, q, ts, inertia)
-    h = rnea_bl(model, ts, q.transpose(0, 1), v.transpose(0, 1), None, f_ext, passive, inertia).transpose(0, 1)
+    M = crba_flat(tree, mt, q, ts, inertia)
+    h = rnea_bl(tree, ts, q.transpose(0, 1), v.transpose(0, 1), None, f_ext, passive, inertia).transpose(0, 1)
     # LU, not Cholesky: with two threads MKL's potrf stalls for milliseconds whenever the other core
     # is busy, even on one 7x7 matrix (measured on a shared machine: one call in six; none with one
     # thread), and getrf/getrs do not. M is positive definite, so no pivot vanishes and the info
@@ -277,18 +280,18 @@ class _ForwardDynamics(torch.autograd.Function):
     """Forward dynamics whose backward is one ``M^{-1}`` application plus one RNEA VJP."""
 
     @staticmethod
-    def forward(ctx, model, method, passive, q, v, tau, f_ext, *mt_fields):
+    def forward(ctx, tree, method, passive, q, v, tau, f_ext, *mt_fields):
         mt = ModelTensors(*mt_fields)
         if method == "aba":
-            qdd, factors = _aba(model, q, v, tau, f_ext, passive, mt)
-            ctx.inverse = lambda g: apply_inverse_mass(model, factors, g)
+            qdd, factors = _aba(tree, mt, q, v, tau, f_ext, passive)
+            ctx.inverse = lambda g: apply_inverse_mass(tree, factors, g)
             kinematics = factors.kinematics
         else:
-            qdd, (LU, piv), kinematics = _solve_crba(model, q, v, tau, f_ext, passive, mt)
+            qdd, (LU, piv), kinematics = _solve_crba(tree, mt, q, v, tau, f_ext, passive)
             ctx.inverse = lambda g: _lu_apply(LU, piv, g)
         # Kept for the hand-written backward (inputs and model tensors are constants in here).
         ctx.kinematics = kinematics
-        ctx.model, ctx.passive, ctx.method, ctx.saved_tau = model, passive, method, tau
+        ctx.tree, ctx.passive, ctx.method, ctx.saved_tau = tree, passive, method, tau
         ctx.has_f_ext = f_ext is not None
         ctx.save_for_backward(q, v, qdd, f_ext if f_ext is not None else q.new_empty(0), *mt_fields)
         return qdd
@@ -306,21 +309,21 @@ class _ForwardDynamics(torch.autograd.Function):
         flags = [needs[3], needs[4], needs[6] and f_ext is not None, *needs[7:]]
         wanted = [i for i, f in enumerate(flags) if f]
         grads: list[Tensor | None] = [None] * len(leaves)
-        if wanted and not any(flags[2:]) and rnea_vjp_supported(ctx.model, f_ext):
-            # Cotangents of the state only: the hand-written RNEA VJP (no graph to record and replay),
-            # on the forward pass's kinematics.
+        if wanted and not any(flags[3:]):
+            # Cotangents of the state (and external forces): the hand-written RNEA VJP (no graph to
+            # record and replay), on the forward pass's kinematics.
             ts, inertia = ctx.kinematics
-            gq, gv = rnea_state_vjp(ctx.model, q, v, qdd, -lam, ctx.passive, ts, inertia)
+            gq, gv, gf = rnea_state_vjp(ctx.tree, q, v, qdd, -lam, ctx.passive, ts, inertia, f_ext=f_ext)
             grads[0] = gq if flags[0] else None
             grads[1] = gv if flags[1] else None
+            grads[2] = gf if flags[2] else None
         elif wanted:
             with torch.enable_grad():
                 # Detached: the saved tensors may carry upstream graphs (e.g. a rollout), which this VJP must not walk.
                 inputs = [None if t is None else (t.detach().requires_grad_(True) if flags[i] else t.detach())
                           for i, t in enumerate(leaves)]
-                tau_id = rnea_flat(
-                    ctx.model, inputs[0], inputs[1], qdd.detach(), inputs[2], ctx.passive, mt=ModelTensors(*inputs[3:])
-                )
+                tau_id = rnea_flat(ctx.tree, ModelTensors(*inputs[3:]), inputs[0], inputs[1], qdd.detach(),
+                                   inputs[2], ctx.passive)
                 got = torch.autograd.grad(tau_id, [inputs[i] for i in wanted], grad_outputs=-lam, allow_unused=True)
             for i, gi in zip(wanted, got):
                 grads[i] = gi
@@ -332,8 +335,8 @@ class _ForwardDynamics(torch.autograd.Function):
         """Backward with ``create_graph=True``: differentiate a re-run of the plain algorithm, so
         that higher derivatives are exact (slower; only used when a graph of the gradient is asked for)."""
         tau = ctx.saved_tau
-        qdd = (_aba if ctx.method == "aba" else _solve_crba)(ctx.model, q, v, tau, f_ext, ctx.passive,
-                                                             ModelTensors(*mt_fields))[0]
+        qdd = (_aba if ctx.method == "aba" else _solve_crba)(ctx.tree, ModelTensors(*mt_fields), q, v, tau, f_ext,
+                                                             ctx.passive)[0]
         ins = [q, v, tau, f_ext, *mt_fields]
         wanted = [i for i, t in enumerate(ins) if t is not None and ctx.needs_input_grad[3 + i]]
         got = torch.autograd.grad(qdd, [ins[i] for i in wanted], g, create_graph=True, allow_unused=True)
@@ -343,8 +346,14 @@ class _ForwardDynamics(torch.autograd.Function):
         return (None, None, None, *grads)
 
 
+def check_method(method: str) -> None:
+    if method not in METHODS:
+        raise OptionError(f"forward_dynamics: unknown method {method!r}; choose from {METHODS}")
+
+
 def forward_dynamics_flat(
-    model: RobotModel,
+    tree: KinematicTree,
+    mt: ModelTensors,
     q: Tensor,
     v: Tensor,
     tau: Tensor,
@@ -354,23 +363,21 @@ def forward_dynamics_flat(
     fast_grad: bool = True,
 ) -> Tensor:
     """:func:`forward_dynamics` on flat batches ``(B, n)`` (no shape checks)."""
-    if method not in METHODS:
-        raise ShapeError(f"forward_dynamics: unknown method '{method}'; choose from {METHODS}")
+    check_method(method)
     method = resolve_method(method, q.shape[0])
-    mt = model.model_tensors(q.dtype, q.device)
     # torch.func transforms need setup_context-style functions; plain autograd gives the same result there.
     fast_grad = fast_grad and not torch._C._are_functorch_transforms_active()
     if fast_grad and torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, v, tau, f_ext, *mt)
     ):
-        return _ForwardDynamics.apply(model, method, passive, q, v, tau, f_ext, *mt)
+        return _ForwardDynamics.apply(tree, method, passive, q, v, tau, f_ext, *mt)
     if method == "aba":
-        return _aba(model, q, v, tau, f_ext, passive, mt)[0]
-    return _solve_crba(model, q, v, tau, f_ext, passive, mt)[0]
+        return _aba(tree, mt, q, v, tau, f_ext, passive)[0]
+    return _solve_crba(tree, mt, q, v, tau, f_ext, passive)[0]
 
 
 def forward_dynamics(
-    model: RobotModel,
+    robot: RobotParameters,
     q: Tensor,
     v: Tensor,
     tau: Tensor,
@@ -382,8 +389,12 @@ def forward_dynamics(
 ) -> Tensor:
     """Joint accelerations ``qdd = M^{-1} (tau + tau_passive + J^T f_ext - h)``.
 
+    The same function as :func:`diffmech.aba` and :meth:`diffmech.RobotModel.forward_dynamics`.
+    Its backward is the implicit-function-theorem gradient (one ``M^{-1}`` application and one
+    RNEA VJP, both reusing the forward pass), unless ``fast_grad=False``.
+
     Args:
-        model: the robot.
+        robot: the robot.
         q: (..., nq) configuration.
         v: (..., nv) joint velocities.
         tau: (..., nv) applied joint forces (zero entries on a floating base for an unactuated base).
@@ -394,22 +405,21 @@ def forward_dynamics(
             solve) or ``"auto"`` (default: ``"crba"`` for eager batches of at most
             ``AUTO_CRBA_MAX_BATCH`` states, where it issues fewer operators, else ``"aba"``). They
             agree to rounding.
-        fast_grad: use the implicit-function-theorem backward (one ``M^{-1}`` application + one
-            RNEA VJP; first-order gradients only). ``False`` backpropagates through the algorithm
-            itself (needed for higher-order derivatives).
+        fast_grad: use the implicit-function-theorem backward (first-order gradients only).
+            ``False`` backpropagates through the algorithm itself (for higher-order derivatives;
+            a backward with ``create_graph=True`` does that automatically).
 
     Returns:
         (..., nv) accelerations in the inputs' dtype and device.
     """
+    check_method(method)
     flat, batch = as_state(
-        model, [("q", q, model.nq), ("v", v, model.nv), ("tau", tau, model.nv), f_ext_entry(model, f_ext)]
+        robot, [("q", q, robot.nq), ("v", v, robot.nv), ("tau", tau, robot.nv), f_ext_entry(robot, f_ext)]
     )
     fe = flat[3] if f_ext is not None else None
-    qdd = forward_dynamics_flat(model, flat[0], flat[1], flat[2], fe, passive, method, fast_grad)
-    return qdd.reshape(*batch, model.nv)
+    tree, mt = bind(robot, flat[0])
+    qdd = forward_dynamics_flat(tree, mt, flat[0], flat[1], flat[2], fe, passive, method, fast_grad)
+    return qdd.reshape(*batch, robot.nv)
 
 
-def aba(model: RobotModel, q: Tensor, v: Tensor, tau: Tensor, *, f_ext: Tensor | None = None,
-        passive: bool = True) -> Tensor:
-    """Forward dynamics by ABA with plain autograd (see :func:`forward_dynamics` for the options)."""
-    return forward_dynamics(model, q, v, tau, f_ext=f_ext, passive=passive, method="aba", fast_grad=False)
+aba = forward_dynamics

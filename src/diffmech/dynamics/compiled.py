@@ -34,9 +34,10 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from ..errors import ShapeError
-from ..model.robot import ModelTensors, RobotModel
-from ._common import RigidInertia, TreeState, tree_state
+from ..errors import OptionError, ShapeError
+from ..model.parameters import ModelTensors, RobotParameters
+from ..model.tree import KinematicTree
+from ._common import RigidInertia, TreeState
 from .aba import _aba, aba_flat, apply_inverse_mass, factor_tensors, factors_from
 from .crba import crba_flat
 from .lanes import aba_lanes, crba_lanes, rnea_lanes
@@ -52,47 +53,47 @@ __all__ = ["compiled", "CompiledDynamics", "DEFAULT_CHUNK"]
 DEFAULT_CHUNK = 2048
 
 
-def _fd(model, mt, passive, q, v, u):
-    return aba_flat(model, q, v, u, None, passive, mt)
+def _fd(tree, mt, passive, q, v, u):
+    return aba_flat(tree, mt, q, v, u, None, passive)
 
 
-def _id(model, mt, passive, q, v, a):
-    return rnea_flat(model, q, v, a, None, passive, mt)
+def _id(tree, mt, passive, q, v, a):
+    return rnea_flat(tree, mt, q, v, a, None, passive)
 
 
-def _mm(model, mt, passive, q):
-    return crba_flat(model, q, tree_state(model, q, mt))
+def _mm(tree, mt, passive, q):
+    return crba_flat(tree, mt, q)
 
 
-def _fd_saving(model, mt, passive, q, v, u):
+def _fd_saving(tree: KinematicTree, mt, passive, q, v, u):
     """ABA's value and what its hand-written backward needs (see :func:`_fd_backward`): the
     world-frame columns ``S``, the world inertias ``(h, I)``, the base orientation (floating base)
     and the articulated-body factors."""
-    qdd, factors = _aba(model, q, v, u, None, passive, mt)
+    qdd, factors = _aba(tree, mt, q, v, u, None, passive)
     ts, inertia = factors.kinematics
-    base = [ts.R[0]] if model._nfree else []
+    base = [ts.R[0]] if tree.nfree else []
     return (qdd, ts.S, inertia.h, inertia.I, *base, *factor_tensors(factors))
 
 
-def _fd_backward(model, mt, passive, q, v, qdd, g, S, h, I, *rest):
+def _fd_backward(tree: KinematicTree, mt, passive, q, v, qdd, g, S, h, I, *rest):
     """Cotangents ``(qbar, vbar, taubar)`` of ABA at a known ``qdd``: ``taubar = M^{-1} g`` from the
     saved articulated-body factors, then the hand-written RNEA VJP with ``-taubar``."""
-    base, factors = (rest[:1], rest[1:]) if model._nfree else ((), rest)
+    base, factors = (rest[:1], rest[1:]) if tree.nfree else ((), rest)
     ts = TreeState(R=base[0][None] if base else None, p=None, S=S, mt=mt)  # what the backward reads
     inertia = RigidInertia(m=mt.body_mass[:, None], h=h, I=I)
-    lam = apply_inverse_mass(model, factors_from(model, ts, list(factors)), g)
-    qbar, vbar, _ = rnea_vjp_bl(model, ts, q.transpose(0, 1), v.transpose(0, 1), qdd.transpose(0, 1),
-                                -lam.transpose(0, 1), passive, inertia)
-    return qbar.transpose(0, 1), vbar.transpose(0, 1), lam
+    lam = apply_inverse_mass(tree, factors_from(tree, ts, list(factors)), g)
+    got = rnea_vjp_bl(tree, ts, q.transpose(0, 1), v.transpose(0, 1), qdd.transpose(0, 1),
+                      -lam.transpose(0, 1), passive, inertia)
+    return got.q.transpose(0, 1), got.v.transpose(0, 1), lam
 
 
-def _lane_program(model: RobotModel, algorithm: str, passive: bool) -> Callable[..., Tensor]:
+def _lane_program(tree: KinematicTree, algorithm: str, passive: bool) -> Callable[..., Tensor]:
     """``algorithm`` as a lane program of ``(*state (rows, B), *model tensors)``."""
     if algorithm == "forward_dynamics":
-        return lambda q, v, u, *mt: aba_lanes(model, ModelTensors(*mt), q, v, u, passive)
+        return lambda q, v, u, *mt: aba_lanes(tree, ModelTensors(*mt), q, v, u, passive)
     if algorithm == "inverse_dynamics":
-        return lambda q, v, a, *mt: rnea_lanes(model, ModelTensors(*mt), q, v, a, passive)
-    return lambda q, *mt: crba_lanes(model, ModelTensors(*mt), q)
+        return lambda q, v, a, *mt: rnea_lanes(tree, ModelTensors(*mt), q, v, a, passive)
+    return lambda q, *mt: crba_lanes(tree, ModelTensors(*mt), q)
 
 
 _ALGORITHMS: dict[str, tuple[int, Callable]] = {
@@ -128,10 +129,10 @@ class CompiledDynamics:
     Call it like the algorithm (``f(q, v, tau) -> qdd`` etc.); see :func:`compiled`.
     """
 
-    def __init__(self, model: RobotModel, algorithm: str, chunk: int | None, compile: bool, passive: bool,
+    def __init__(self, model: RobotParameters, algorithm: str, chunk: int | None, compile: bool, passive: bool,
                  compile_options: dict, native: bool | None = None):
         if algorithm not in _ALGORITHMS:
-            raise ShapeError(f"compiled: unknown algorithm '{algorithm}'; choose from {sorted(_ALGORITHMS)}")
+            raise OptionError(f"compiled: unknown algorithm {algorithm!r}; choose from {sorted(_ALGORITHMS)}")
         if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
             raise ShapeError(f"compiled: chunk must be a positive integer or None, got {chunk!r}")
         self.model, self.algorithm, self.chunk, self.passive = model, algorithm, chunk, bool(passive)
@@ -143,9 +144,10 @@ class CompiledDynamics:
         self.sizes = [model.nq, model.nv, model.nv][: self.n_args]
         n = self.n_args
         passive = self.passive
+        tree = model.tree
 
         def forward(*tensors: Tensor) -> Tensor:
-            return fn(model, ModelTensors(*tensors[n:]), passive, *tensors[:n])
+            return fn(tree, ModelTensors(*tensors[n:]), passive, *tensors[:n])
 
         def vjp(*tensors: Tensor, needs: tuple[bool, ...]) -> tuple[Tensor, ...]:
             prim, g = tensors[:-1], tensors[-1]
@@ -155,18 +157,18 @@ class CompiledDynamics:
                 full = list(prim)
                 for i, d in zip(idx, diff):
                     full[i] = d
-                return fn(model, ModelTensors(*full[n:]), passive, *full[:n])
+                return fn(tree, ModelTensors(*full[n:]), passive, *full[:n])
 
             _, pull = torch.func.vjp(f, *[prim[i] for i in idx])
             return pull(g)
 
         def fd_saving(*tensors: Tensor) -> tuple[Tensor, ...]:
-            return _fd_saving(model, ModelTensors(*tensors[3:]), passive, *tensors[:3])
+            return _fd_saving(tree, ModelTensors(*tensors[3:]), passive, *tensors[:3])
 
         def fd_backward(*tensors: Tensor, n_factors: int) -> tuple[Tensor, Tensor, Tensor]:
             q, v, qdd, g = tensors[:4]
             factors, mt = tensors[4:4 + n_factors], tensors[4 + n_factors:]
-            return _fd_backward(model, ModelTensors(*mt), passive, q, v, qdd, g, *factors)
+            return _fd_backward(tree, ModelTensors(*mt), passive, q, v, qdd, g, *factors)
 
         compile_options.setdefault("dynamic", False)
         wrap = (lambda f: torch.compile(f, **compile_options)) if compile else (lambda f: f)
@@ -197,7 +199,7 @@ class CompiledDynamics:
         if key not in self._kernels:
             try:
                 mt = self.model.model_tensors(dtype, "cpu")
-                program = _lane_program(self.model, self.algorithm, self.passive)
+                program = _lane_program(self.model.tree, self.algorithm, self.passive)
                 rows = self.sizes
                 if vjp:
                     program = vjp_program(program, self.n_args)
@@ -381,7 +383,7 @@ class _Compiled(torch.autograd.Function):
 
 
 def compiled(
-    model: RobotModel,
+    model: RobotParameters,
     algorithm: str = "forward_dynamics",
     *,
     chunk: int | None = DEFAULT_CHUNK,

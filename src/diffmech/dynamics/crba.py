@@ -9,22 +9,24 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..model.robot import RobotModel
-from ._common import RigidInertia, TreeState, as_state, masks, mv_small, tree_state, tree_sum, world_inertia
+from ..model.parameters import ModelTensors, RobotParameters
+from ..model.tree import KinematicTree
+from ._common import RigidInertia, TreeState, as_state, bind, masks, mv_small, tree_state, tree_sum, world_inertia
 
-__all__ = ["crba", "crba_flat"]
+__all__ = ["crba", "mass_matrix", "crba_flat"]
 
 
-def crba_flat(model: RobotModel, q: Tensor, ts: TreeState | None = None, inertia: RigidInertia | None = None) -> Tensor:
+def crba_flat(tree: KinematicTree, mt: ModelTensors, q: Tensor, ts: TreeState | None = None,
+              inertia: RigidInertia | None = None) -> Tensor:
     """CRBA on a flat batch: ``q (B, nq) -> M (B, nv, nv)``.
 
     ``ts`` and ``inertia`` (``world_inertia(ts)``) are reused when the caller already has them.
     """
     if ts is None:
-        ts = tree_state(model, q)
+        ts = tree_state(tree, mt, q)
     if inertia is None:
         inertia = world_inertia(ts)
-    _, mask_db = masks(model, q)
+    _, mask_db = masks(tree, q)
     if inertia.full is not None:  # small batch: sum the 6x6 matrices, one product with S
         F = mv_small(tree_sum(mask_db, inertia.full), ts.S)  # (nv, 6, B)
     else:
@@ -32,20 +34,25 @@ def crba_flat(model: RobotModel, q: Tensor, ts: TreeState | None = None, inertia
             m=mask_db @ inertia.m, h=tree_sum(mask_db, inertia.h), I=tree_sum(mask_db, inertia.I)
         )
         F = composite.apply(ts.S)
-    vals = (ts.S[model._crba_d] * F[model._crba_e]).sum(1)  # (npairs, B)
-    M = model._crba_scatter.to(vals.dtype) @ vals  # (nv * nv, B)
-    return M.transpose(0, 1).reshape(-1, model.nv, model.nv)
+    tb = tree.tables(q.dtype, q.device)
+    vals = (ts.S[tb.crba_d] * F[tb.crba_e]).sum(1)  # (npairs, B)
+    M = tb.crba_scatter @ vals  # (nv * nv, B)
+    return M.transpose(0, 1).reshape(-1, tree.nv, tree.nv)
 
 
-def crba(model: RobotModel, q: Tensor) -> Tensor:
-    """Mass matrix ``M(q)``.
+def crba(robot: RobotParameters, q: Tensor) -> Tensor:
+    """Mass matrix ``M(q)``; the same function as :meth:`diffmech.RobotModel.mass_matrix`.
 
     Args:
-        model: the robot.
+        robot: the robot.
         q: (..., nq) configuration.
 
     Returns:
         (..., nv, nv) symmetric positive definite joint-space inertia (kg m^2, kg).
     """
-    flat, batch = as_state(model, [("q", q, model.nq)])
-    return crba_flat(model, flat[0]).reshape(*batch, model.nv, model.nv)
+    flat, batch = as_state(robot, [("q", q, robot.nq)])
+    tree, mt = bind(robot, flat[0])
+    return crba_flat(tree, mt, flat[0]).reshape(*batch, robot.nv, robot.nv)
+
+
+mass_matrix = crba

@@ -4,34 +4,35 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..model.robot import RobotModel
-from ._common import as_state, masks, tree_state, tree_sum, world_inertia
+from ..model.parameters import RobotParameters
+from ._common import as_state, bind, masks, tree_state, tree_sum, world_inertia
 from .kinematics import link_placements
 
 __all__ = ["kinetic_energy", "potential_energy"]
 
 
-def kinetic_energy(model: RobotModel, q: Tensor, v: Tensor) -> Tensor:
+def kinetic_energy(robot: RobotParameters, q: Tensor, v: Tensor) -> Tensor:
     """``T = 1/2 v^T M(q) v`` as a sum over bodies, ``(...)`` J."""
-    flat, batch = as_state(model, [("q", q, model.nq), ("v", v, model.nv)])
+    flat, batch = as_state(robot, [("q", q, robot.nq), ("v", v, robot.nv)])
     qf, vf = flat
-    ts = tree_state(model, qf)
-    mask_bd, _ = masks(model, qf)
+    tree, mt = bind(robot, qf)
+    ts = tree_state(tree, mt, qf)
+    mask_bd, _ = masks(tree, qf)
     V = tree_sum(mask_bd, ts.S * vf.transpose(0, 1)[:, None])  # (nb, 6, B)
     return 0.5 * (V * world_inertia(ts).apply(V)).sum((0, 1)).reshape(batch)
 
 
-def potential_energy(model: RobotModel, q: Tensor, *, passive: bool = True) -> Tensor:
+def potential_energy(robot: RobotParameters, q: Tensor, *, passive: bool = True) -> Tensor:
     """Gravitational energy ``-sum m_i g . c_i`` (plus joint springs ``1/2 k (q - rest)^2`` when
     ``passive``), ``(...)`` J; zero at the world origin."""
-    flat, batch = as_state(model, [("q", q, model.nq)])
+    flat, batch = as_state(robot, [("q", q, robot.nq)])
     qf = flat[0]
-    ts = tree_state(model, qf)
-    mt = ts.mt
-    R, p = link_placements(model, ts)
+    tree, mt = bind(robot, qf)
+    ts = tree_state(tree, mt, qf)
+    R, p = link_placements(tree, ts)
     c = p + (R @ mt.link_com[..., None])[..., 0]
     U = -(mt.link_mass[:, None] * c * mt.gravity).sum((-1, -2))
-    if passive and model.nj:
-        dq = qf[:, model._q_joint_start:] - mt.rest
+    if passive and tree.nj:
+        dq = qf[:, tree.q_joint_start:] - mt.rest
         U = U + 0.5 * (mt.stiffness * dq * dq).sum(-1)
     return U.reshape(batch)

@@ -6,9 +6,10 @@ import torch
 from torch import Tensor
 
 from .. import spatial
-from ..errors import ShapeError
-from ..model.robot import RobotModel
-from ._common import TreeState, as_state, masks, tree_state
+from ..errors import OptionError, ShapeError
+from ..model.parameters import RobotParameters
+from ..model.tree import KinematicTree
+from ._common import TreeState, as_state, bind, masks, tree_state
 from .free_flyer import free_flyer_integrate
 
 __all__ = ["forward_kinematics", "link_pose", "jacobian", "center_of_mass", "integrate", "link_placements"]
@@ -16,14 +17,14 @@ __all__ = ["forward_kinematics", "link_pose", "jacobian", "center_of_mass", "int
 FRAMES = ("world_aligned", "local", "world")
 
 
-def link_placements(model: RobotModel, ts: TreeState) -> tuple[Tensor, Tensor]:
+def link_placements(tree: KinematicTree, ts: TreeState) -> tuple[Tensor, Tensor]:
     """World placements of every link: ``(B, n_links, 3, 3), (B, n_links, 3)`` (batch-first)."""
     mt = ts.mt
     B = ts.R.shape[-1]
-    lb = torch.tensor(model.link_body, device=ts.R.device)
+    lb = tree.tables(ts.R.dtype, ts.R.device).link_body
     R_b = ts.R.permute(3, 0, 1, 2)[:, lb.clamp_min(0)]  # (B, nl, 3, 3)
     p_b = ts.p.permute(2, 0, 1)[:, lb.clamp_min(0)]
-    if model._world_links:  # links fixed to the world keep their offset as their world placement
+    if tree.world_links:  # links fixed to the world keep their offset as their world placement
         world = lb < 0
         eye = torch.eye(3, dtype=ts.R.dtype, device=ts.R.device)
         R_b = torch.where(world[:, None, None], eye, R_b)
@@ -34,32 +35,33 @@ def link_placements(model: RobotModel, ts: TreeState) -> tuple[Tensor, Tensor]:
     return R, p
 
 
-def forward_kinematics(model: RobotModel, q: Tensor) -> Tensor:
+def forward_kinematics(robot: RobotParameters, q: Tensor) -> Tensor:
     """World poses of all links.
 
     Args:
         q: (..., nq) configuration.
 
     Returns:
-        (..., n_links, 4, 4) homogeneous transforms ``T_world_link`` in ``model.link_names`` order.
+        (..., n_links, 4, 4) homogeneous transforms ``T_world_link`` in ``robot.link_names`` order.
     """
-    flat, batch = as_state(model, [("q", q, model.nq)])
-    R, p = link_placements(model, tree_state(model, flat[0]))
-    return spatial.homogeneous(R, p).reshape(*batch, model.n_links, 4, 4)
+    flat, batch = as_state(robot, [("q", q, robot.nq)])
+    tree, mt = bind(robot, flat[0])
+    R, p = link_placements(tree, tree_state(tree, mt, flat[0]))
+    return spatial.homogeneous(R, p).reshape(*batch, robot.n_links, 4, 4)
 
 
-def link_pose(model: RobotModel, q: Tensor, link: str | int) -> Tensor:
+def link_pose(robot: RobotParameters, q: Tensor, link: str | int) -> Tensor:
     """World pose ``T_world_link (..., 4, 4)`` of one link."""
-    li = model.link_index(link)
-    flat, batch = as_state(model, [("q", q, model.nq)])
-    ts = tree_state(model, flat[0])
-    R, p = _one_link(model, ts, li)
+    li = robot.tree.link(link)
+    flat, batch = as_state(robot, [("q", q, robot.nq)])
+    tree, mt = bind(robot, flat[0])
+    R, p = _one_link(tree, tree_state(tree, mt, flat[0]), li)
     return spatial.homogeneous(R, p).reshape(*batch, 4, 4)
 
 
-def _one_link(model: RobotModel, ts: TreeState, li: int) -> tuple[Tensor, Tensor]:
+def _one_link(tree: KinematicTree, ts: TreeState, li: int) -> tuple[Tensor, Tensor]:
     """Placement of link ``li``: ``(B, 3, 3), (B, 3)``."""
-    b = model.link_body[li]
+    b = tree.link_body[li]
     Rl, pl = ts.mt.link_R[li], ts.mt.link_p[li]
     B = ts.R.shape[-1]
     if b < 0:
@@ -69,7 +71,7 @@ def _one_link(model: RobotModel, ts: TreeState, li: int) -> tuple[Tensor, Tensor
 
 
 def jacobian(
-    model: RobotModel,
+    robot: RobotParameters,
     q: Tensor,
     link: str | int,
     *,
@@ -91,19 +93,20 @@ def jacobian(
         (..., 6, nv) with rows (linear; angular).
     """
     if frame not in FRAMES:
-        raise ShapeError(f"jacobian: unknown frame '{frame}'; choose from {FRAMES}")
-    li = model.link_index(link)
-    entries = [("q", q, model.nq)]
+        raise OptionError(f"jacobian: unknown frame {frame!r}; choose from {FRAMES}")
+    li = robot.tree.link(link)
+    entries = [("q", q, robot.nq)]
     if point is not None:
         if frame == "world":
-            raise ShapeError("jacobian: 'point' has no meaning with frame='world'")
+            raise OptionError("jacobian: 'point' has no meaning with frame='world'")
         entries.append(("point", point, 3))
-    flat, batch = as_state(model, entries)
+    flat, batch = as_state(robot, entries)
     qf = flat[0]
-    ts = tree_state(model, qf)
-    R, p = _one_link(model, ts, li)
-    mask_bd, _ = masks(model, qf)
-    b = model.link_body[li]
+    tree, mt = bind(robot, qf)
+    ts = tree_state(tree, mt, qf)
+    R, p = _one_link(tree, ts, li)
+    mask_bd, _ = masks(tree, qf)
+    b = tree.link_body[li]
     S = ts.S.permute(2, 0, 1)  # (B, nv, 6)
     S = S * (mask_bd[b][:, None] if b >= 0 else 0.0)  # columns that move the link
     if point is not None:
@@ -116,21 +119,20 @@ def jacobian(
         if frame == "local":
             Rt = R.transpose(-1, -2)[:, None]
             J = torch.cat([(Rt @ J[..., :3, None])[..., 0], (Rt @ J[..., 3:, None])[..., 0]], dim=-1)
-    return J.transpose(-1, -2).reshape(*batch, 6, model.nv)
+    return J.transpose(-1, -2).reshape(*batch, 6, robot.nv)
 
 
-def center_of_mass(model: RobotModel, q: Tensor) -> Tensor:
+def center_of_mass(robot: RobotParameters, q: Tensor) -> Tensor:
     """Centre of mass of all links (world-fixed ones included) in the world, ``(..., 3)`` m."""
-    flat, batch = as_state(model, [("q", q, model.nq)])
-    ts = tree_state(model, flat[0])
-    R, p = link_placements(model, ts)
-    mt = ts.mt
+    flat, batch = as_state(robot, [("q", q, robot.nq)])
+    tree, mt = bind(robot, flat[0])
+    R, p = link_placements(tree, tree_state(tree, mt, flat[0]))
     c = p + (R @ mt.link_com[..., None])[..., 0]
     m = mt.link_mass
     return ((m[:, None] * c).sum(-2) / m.sum()).reshape(*batch, 3)
 
 
-def integrate(model: RobotModel, q: Tensor, v: Tensor, dt: float | Tensor = 1.0) -> Tensor:
+def integrate(model: RobotParameters, q: Tensor, v: Tensor, dt: float | Tensor = 1.0) -> Tensor:
     """Configuration after moving with constant velocity ``v`` for ``dt`` seconds.
 
     Joints: ``q + v dt``. Floating base: ``T_next = T exp(v_base dt)`` (``v_base`` in the base

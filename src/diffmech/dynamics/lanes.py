@@ -26,7 +26,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..model.robot import ModelTensors, RobotModel
+from ..model.parameters import ModelTensors
+from ..model.tree import KinematicTree
 
 __all__ = ["rnea_lanes", "aba_lanes", "crba_lanes"]
 
@@ -44,6 +45,10 @@ def _cross(a: Vec, b: Vec) -> Vec:
 
 def _add(a: Vec, b: Vec) -> Vec:
     return [x + y for x, y in zip(a, b)]
+
+
+def _sub(a: Vec, b: Vec) -> Vec:
+    return [x - y for x, y in zip(a, b)]
 
 
 def _scale(a: Vec, s) -> Vec:
@@ -146,17 +151,17 @@ def _sym6_to_parent(R: Mat, p: Vec, I6: tuple[Sym, Mat, Sym]) -> tuple[Sym, Mat,
 class _Tree:
     """Per-body constants of one call, indexed as lanes (0-d tensors broadcast against lanes)."""
 
-    def __init__(self, model: RobotModel, mt: ModelTensors):
-        self.model, self.mt = model, mt
-        self.nfree = model._nfree
-        self.parent = model.body_parent
+    def __init__(self, tree: KinematicTree, mt: ModelTensors):
+        self.model, self.mt = tree, mt
+        self.nfree = tree.nfree
+        self.parent = tree.body_parent
         g = mt.gravity
         self.ag = [-g[0], -g[1], -g[2]]  # the world's acceleration that stands in for gravity
 
     def joint(self, b: int) -> tuple[int, bool, Vec]:
         """DoF index, whether the joint is prismatic, and its axis in the body frame."""
         j = b - self.nfree
-        prismatic = self.model._is_prismatic[j]
+        prismatic = self.model.is_prismatic[j]
         axis = self.mt.lin_axis[j, :, 0] if prismatic else self.mt.rot_axis[j, :, 0]
         return b + 5 * self.nfree, prismatic, [axis[0], axis[1], axis[2]]
 
@@ -167,7 +172,7 @@ class _Tree:
             return _quat_matrix([qT[3], qT[4], qT[5], qT[6]]), [qT[0], qT[1], qT[2]]
         j = b - self.nfree
         qj = qT[7 * self.nfree + j]
-        if self.model._is_prismatic[j]:  # A1 and A2 vanish: the rotation is constant
+        if self.model.is_prismatic[j]:  # A1 and A2 vanish: the rotation is constant
             R = [mt.A0[j, r, c, 0] for r in range(3) for c in range(3)]
             p = [mt.p_tree[j, r, 0] + mt.lin_dir[j, r, 0] * qj for r in range(3)]
             return R, p
@@ -191,6 +196,30 @@ class _Tree:
         for j in range(self.model.nj):
             out.append((6 * nf + j, -mt.damping[j] * vT[6 * nf + j] - mt.stiffness[j] * (qT[7 * nf + j] - mt.rest[j])))
         return out
+
+
+    def external(self, kin: list[tuple], fT: Tensor) -> list[tuple[Vec, Vec] | None]:
+        """Per body, the sum of the external link forces ``fT (n_links * 6, B)`` (force; torque
+        about the link origin, world axes) as a force at the body origin in body axes (``None``
+        for a body without any)."""
+        model, mt = self.model, self.mt
+        Rw: list[Mat] = []
+        for b, (R, _, _, _, _) in enumerate(kin):
+            par = self.parent[b]
+            Rw.append(R if par < 0 else _mat_mul(Rw[par], R))
+        out: list[tuple[Vec, Vec] | None] = [None] * model.nb
+        for link, b in enumerate(model.link_body):
+            if b < 0:
+                continue
+            f = _mtv(Rw[b], [fT[6 * link + i] for i in range(3)])
+            t = _mtv(Rw[b], [fT[6 * link + 3 + i] for i in range(3)])
+            t = _add(t, _cross([mt.link_p[link, i] for i in range(3)], f))
+            out[b] = (f, t) if out[b] is None else (_add(out[b][0], f), _add(out[b][1], t))
+        return out
+
+
+def _mat_mul(A: Mat, B: Mat) -> Mat:
+    return [A[3 * i] * B[j] + A[3 * i + 1] * B[3 + j] + A[3 * i + 2] * B[6 + j] for i in range(3) for j in range(3)]
 
 
 def _stack(values: Sequence[Tensor], like: Tensor) -> Tensor:
@@ -249,14 +278,16 @@ def _velocities(tree: _Tree, qT: Tensor, vT: Tensor) -> list[tuple]:
 
 
 # ---------------------------------------------------------------- RNEA
-def rnea_lanes(model: RobotModel, mt: ModelTensors, qT: Tensor, vT: Tensor, aT: Tensor | None,
-               passive: bool) -> Tensor:
-    """Inverse dynamics: ``qT (nq, B), vT (nv, B), aT (nv, B) -> tau (nv, B)`` (``aT=None``: zero).
+def rnea_lanes(model: KinematicTree, mt: ModelTensors, qT: Tensor, vT: Tensor, aT: Tensor | None,
+               passive: bool, fT: Tensor | None = None) -> Tensor:
+    """Inverse dynamics: ``qT (nq, B), vT (nv, B), aT (nv, B) -> tau (nv, B)`` (``aT=None``: zero);
+    ``fT (n_links * 6, B)``: external link forces as in :func:`~diffmech.dynamics.rnea.rnea`.
 
-    Same result as :func:`~diffmech.dynamics.rnea.rnea_bl` without external forces.
+    Same result as :func:`~diffmech.dynamics.rnea.rnea_bl`.
     """
     tree = _Tree(model, mt)
     kin = _velocities(tree, qT, vT)
+    ext = tree.external(kin, fT) if fT is not None else [None] * model.nb
     acc: list[tuple[Vec, Vec]] = []
     forces: list[list[Vec]] = []
     for b, (R, p, vl, va, c) in enumerate(kin):
@@ -281,7 +312,10 @@ def rnea_lanes(model: RobotModel, mt: ModelTensors, qT: Tensor, vT: Tensor, aT: 
         fl, fa = _sym6_apply(I6, al, aa)
         hl, ha = _sym6_apply(I6, vl, va)
         bl, ba = _force_cross(vl, va, hl, ha)
-        forces.append([_add(fl, bl), _add(fa, ba)])
+        fb = [_add(fl, bl), _add(fa, ba)]
+        if ext[b] is not None:
+            fb = [_sub(fb[0], ext[b][0]), _sub(fb[1], ext[b][1])]
+        forces.append(fb)
     tau: list[Tensor] = [None] * model.nv  # type: ignore[list-item]
     for b in reversed(range(model.nb)):
         fl, fa = forces[b]
@@ -368,13 +402,16 @@ def _solve_spd6(I6: tuple[Sym, Mat, Sym], rhs: list[Tensor]) -> list[Tensor]:
     return x
 
 
-def aba_lanes(model: RobotModel, mt: ModelTensors, qT: Tensor, vT: Tensor, tauT: Tensor, passive: bool) -> Tensor:
-    """Forward dynamics by ABA: ``qT (nq, B), vT (nv, B), tauT (nv, B) -> qdd (nv, B)``.
+def aba_lanes(model: KinematicTree, mt: ModelTensors, qT: Tensor, vT: Tensor, tauT: Tensor, passive: bool,
+              fT: Tensor | None = None) -> Tensor:
+    """Forward dynamics by ABA: ``qT (nq, B), vT (nv, B), tauT (nv, B) -> qdd (nv, B)``;
+    ``fT (n_links * 6, B)``: external link forces as in :func:`~diffmech.dynamics.aba.forward_dynamics`.
 
-    Same result as :func:`~diffmech.dynamics.aba.aba_flat` without external forces.
+    Same result as :func:`~diffmech.dynamics.aba.aba_flat`.
     """
     tree = _Tree(model, mt)
     kin = _velocities(tree, qT, vT)
+    ext = tree.external(kin, fT) if fT is not None else [None] * model.nb
     tau = [tauT[d] for d in range(model.nv)]
     if passive:
         for d, f in tree.passive(qT, vT):
@@ -384,7 +421,10 @@ def aba_lanes(model: RobotModel, mt: ModelTensors, qT: Tensor, vT: Tensor, tauT:
         I6 = tree.inertia(b)
         hl, ha = _sym6_apply(I6, vl, va)
         IA.append(I6)
-        pA.append(list(_force_cross(vl, va, hl, ha)))
+        pb = list(_force_cross(vl, va, hl, ha))
+        if ext[b] is not None:
+            pb = [_sub(pb[0], ext[b][0]), _sub(pb[1], ext[b][1])]
+        pA.append(pb)
     # Leaves to root: articulated inertias and bias forces, and what the last sweep needs per joint.
     joint: list[tuple | None] = [None] * model.nb
     for b in reversed(range(model.nb)):
@@ -436,7 +476,7 @@ def aba_lanes(model: RobotModel, mt: ModelTensors, qT: Tensor, vT: Tensor, tauT:
 
 
 # ---------------------------------------------------------------- CRBA
-def crba_lanes(model: RobotModel, mt: ModelTensors, qT: Tensor) -> Tensor:
+def crba_lanes(model: KinematicTree, mt: ModelTensors, qT: Tensor) -> Tensor:
     """Mass matrix by CRBA: ``qT (nq, B) -> M (nv, nv, B)``."""
     tree = _Tree(model, mt)
     place = [tree.placement(b, qT) for b in range(model.nb)]

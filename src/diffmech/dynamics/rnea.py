@@ -7,15 +7,16 @@ masked matrix product over all bodies.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from ..model.robot import ModelTensors, RobotModel
+from ..model.parameters import ModelTensors, RobotParameters
+from ..model.tree import KinematicTree
 from ._common import (
     RigidInertia,
     TreeState,
     add_passive,
     as_state,
+    bind,
     f_ext_entry,
     gravity_acceleration,
     masks,
@@ -24,27 +25,28 @@ from ._common import (
     velocity_terms,
 )
 
-__all__ = ["rnea", "bias_forces", "generalized_gravity", "rnea_flat"]
+__all__ = ["rnea", "inverse_dynamics", "bias_forces", "generalized_gravity", "rnea_flat", "rnea_bl"]
 
 
 def rnea_flat(
-    model: RobotModel,
+    tree: KinematicTree,
+    mt: ModelTensors,
     q: Tensor,
     v: Tensor,
-    a: Tensor,
+    a: Tensor | None,
     f_ext: Tensor | None = None,
     passive: bool = True,
-    mt: ModelTensors | None = None,
     ts: TreeState | None = None,
 ) -> Tensor:
-    """RNEA on flat batches: ``q (B, nq), v (B, nv), a (B, nv), f_ext (B, n_links, 6) -> (B, nv)``."""
+    """RNEA on flat batches: ``q (B, nq), v (B, nv), a (B, nv) | None, f_ext (B, n_links, 6) -> (B, nv)``."""
     if ts is None:
-        ts = tree_state(model, q, mt)
-    return rnea_bl(model, ts, q.transpose(0, 1), v.transpose(0, 1), a.transpose(0, 1), f_ext, passive).transpose(0, 1)
+        ts = tree_state(tree, mt, q)
+    aT = None if a is None else a.transpose(0, 1)
+    return rnea_bl(tree, ts, q.transpose(0, 1), v.transpose(0, 1), aT, f_ext, passive).transpose(0, 1)
 
 
 def rnea_bl(
-    model: RobotModel,
+    tree: KinematicTree,
     ts: TreeState,
     qT: Tensor,
     vT: Tensor,
@@ -60,18 +62,18 @@ def rnea_bl(
     """
     mt = ts.mt
     S = ts.S  # (nv, 6, B)
-    vt = velocity_terms(model, ts, vT, f_ext, inertia)
-    mask_bd, mask_db = masks(model, vT)
+    vt = velocity_terms(tree, ts, vT, f_ext, inertia)
+    mask_bd, mask_db = masks(tree, vT)
     A = tree_sum(mask_bd, vt.c if aT is None else S * aT[:, None] + vt.c) + gravity_acceleration(mt)
     F = vt.inertia.apply(A) + vt.bias
     tau = (S * tree_sum(mask_db, F)).sum(1)  # project subtree forces on each joint, (nv, B)
     if passive:
-        tau = add_passive(model, mt, tau, qT, vT, -1.0)
+        tau = add_passive(tree, mt, tau, qT, vT, -1.0)
     return tau
 
 
 def rnea(
-    model: RobotModel,
+    robot: RobotParameters,
     q: Tensor,
     v: Tensor,
     a: Tensor,
@@ -81,10 +83,11 @@ def rnea(
 ) -> Tensor:
     """Inverse dynamics: the joint forces that produce accelerations ``a``.
 
-    ``tau = M(q) a + C(q, v) v + g(q) - J^T f_ext - tau_passive(q, v)``.
+    ``tau = M(q) a + C(q, v) v + g(q) - J^T f_ext - tau_passive(q, v)``. The same function as
+    :meth:`diffmech.RobotModel.inverse_dynamics` and :func:`diffmech.inverse_dynamics`.
 
     Args:
-        model: the robot.
+        robot: the robot.
         q: (..., nq) configuration.
         v: (..., nv) joint velocities.
         a: (..., nv) joint accelerations.
@@ -97,22 +100,28 @@ def rnea(
         (..., nv) joint forces (N m or N); the batch shape is the broadcast of the inputs'.
     """
     flat, batch = as_state(
-        model, [("q", q, model.nq), ("v", v, model.nv), ("a", a, model.nv), f_ext_entry(model, f_ext)]
+        robot, [("q", q, robot.nq), ("v", v, robot.nv), ("a", a, robot.nv), f_ext_entry(robot, f_ext)]
     )
-    tau = rnea_flat(model, *flat[:3], f_ext=flat[3] if f_ext is not None else None, passive=passive)
-    return tau.reshape(*batch, model.nv)
+    tree, mt = bind(robot, flat[0])
+    tau = rnea_flat(tree, mt, *flat[:3], f_ext=flat[3] if f_ext is not None else None, passive=passive)
+    return tau.reshape(*batch, robot.nv)
 
 
-def bias_forces(model: RobotModel, q: Tensor, v: Tensor, *, passive: bool = True) -> Tensor:
+inverse_dynamics = rnea
+
+
+def bias_forces(robot: RobotParameters, q: Tensor, v: Tensor, *, passive: bool = True) -> Tensor:
     """``h(q, v) = C(q, v) v + g(q) (- tau_passive)``, ``(..., nv)``: RNEA with zero acceleration."""
-    flat, batch = as_state(model, [("q", q, model.nq), ("v", v, model.nv)])
+    flat, batch = as_state(robot, [("q", q, robot.nq), ("v", v, robot.nv)])
     qf, vf = flat
-    return rnea_flat(model, qf, vf, torch.zeros_like(vf), passive=passive).reshape(*batch, model.nv)
+    tree, mt = bind(robot, qf)
+    return rnea_flat(tree, mt, qf, vf, None, passive=passive).reshape(*batch, robot.nv)
 
 
-def generalized_gravity(model: RobotModel, q: Tensor) -> Tensor:
+def generalized_gravity(robot: RobotParameters, q: Tensor) -> Tensor:
     """Gravity torques ``g(q) (..., nv)``: RNEA at rest, without springs or damping."""
-    flat, batch = as_state(model, [("q", q, model.nq)])
+    flat, batch = as_state(robot, [("q", q, robot.nq)])
     qf = flat[0]
-    z = qf.new_zeros(qf.shape[0], model.nv)
-    return rnea_flat(model, qf, z, z, passive=False).reshape(*batch, model.nv)
+    tree, mt = bind(robot, qf)
+    z = qf.new_zeros(qf.shape[0], robot.nv)
+    return rnea_flat(tree, mt, qf, z, None, passive=False).reshape(*batch, robot.nv)

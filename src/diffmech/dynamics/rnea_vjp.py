@@ -26,39 +26,52 @@ along the base's own columns ``S_0..5``, a body twist ``(g_lin; g_ang)``); it ma
 coordinates as ``pbar = R g_lin`` and ``quatbar = 2 quat * (g_ang, 0) / |quat|`` (Hamilton product),
 exact because the kinematics normalise the quaternion (no radial component).
 
-Scope: no external forces, cotangents of ``q``, ``v`` and ``a`` only. Callers fall back to
-autograd otherwise (``f_ext``, learnable model parameters).
+External forces ``f_l`` (force ``f``, torque ``t``, world axes, at link origin ``o_l``) enter as
+``F_j -= sum_l (f; t + o_l x f)`` over the links of body ``j``. Their cotangent is the velocity of
+``o_l`` in the motion ``Fbar_j`` (negated): ``fbar = -(Fbar_lin + Fbar_ang x o_l)``,
+``tbar = -Fbar_ang``; the point ``o_l`` moves with its body, which adds to ``G`` the wrench of the
+force ``f x Fbar_ang`` applied at ``o_l`` (negated).
+
+Scope: cotangents of ``q``, ``v``, ``a`` and ``f_ext``. Callers use autograd for learnable model
+parameters.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
-from ..model.robot import RobotModel
+from ..model.tree import KinematicTree
 from ._common import (
     RigidInertia,
     TreeState,
     cross,
     force_cross,
     gravity_acceleration,
+    link_origins,
     masks,
     motion_cross,
-    tree_state,
     tree_sum,
     world_inertia,
 )
 
-__all__ = ["rnea_vjp_supported", "rnea_vjp_bl", "rnea_state_vjp"]
+__all__ = ["rnea_vjp_bl", "rnea_state_vjp", "RneaCotangents"]
 
 
-def rnea_vjp_supported(model: RobotModel, f_ext: Tensor | None) -> bool:
-    """Whether :func:`rnea_vjp_bl` covers this call (else use autograd)."""
-    return f_ext is None
+class RneaCotangents(NamedTuple):
+    """Cotangents of RNEA's inputs (batch-last): ``q (nq, B)``, ``v (nv, B)``, ``a (nv, B)`` and,
+    with external forces, ``f_ext (B, n_links, 6)`` (batch-first, as the input)."""
+
+    q: Tensor
+    v: Tensor
+    a: Tensor
+    f_ext: Tensor | None
 
 
 def rnea_vjp_bl(
-    model: RobotModel,
+    tree: KinematicTree,
     ts: TreeState,
     qT: Tensor,
     vT: Tensor,
@@ -66,7 +79,8 @@ def rnea_vjp_bl(
     lamT: Tensor,
     passive: bool,
     inertia: RigidInertia | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
+    f_ext: Tensor | None = None,
+) -> RneaCotangents:
     """Cotangents of RNEA's inputs for a cotangent ``lamT (nv, B)`` of its output (batch-last).
 
     Args:
@@ -74,15 +88,13 @@ def rnea_vjp_bl(
         vT, aT: (nv, B) velocities and accelerations (a floating base: body twist first).
         passive: whether the RNEA being differentiated includes the joint damping and springs.
         inertia: ``world_inertia(ts)`` if the caller has it.
-
-    Returns:
-        ``(qbar (nq, B), vbar (nv, B), abar (nv, B))``.
+        f_ext: the external forces ``(B, n_links, 6)`` of the RNEA being differentiated, if any.
     """
     mt = ts.mt
     S = ts.S  # (nv, 6, B)
-    free = bool(model._nfree)
+    free = bool(tree.nfree)
     I = inertia if inertia is not None else world_inertia(ts)
-    mask_bd, mask_db = masks(model, vT)
+    mask_bd, mask_db = masks(tree, vT)
     # Forward sweep: the intermediates of RNEA.
     Sv = S * vT[:, None]
     V = tree_sum(mask_bd, Sv)
@@ -91,7 +103,13 @@ def rnea_vjp_bl(
     A = tree_sum(mask_bd, S * aT[:, None] + c) + gravity_acceleration(mt)
     IV = I.apply(V)
     IA = I.apply(A)
-    Fc = tree_sum(mask_db, IA + force_cross(V, IV))  # subtree forces
+    F = IA + force_cross(V, IV)
+    if f_ext is not None:
+        keep, body, origin = link_origins(tree, ts, f_ext)  # origin: (k, 3, B)
+        fl = f_ext[:, keep].permute(1, 2, 0)  # (k, 6, B)
+        fw = torch.cat([fl[:, :3], fl[:, 3:] + cross(origin, fl[:, :3])], dim=1)
+        F = F - torch.zeros_like(F).index_add(0, body, fw)
+    Fc = tree_sum(mask_db, F)  # subtree forces
     # Backward sweep.
     Fbar = tree_sum(mask_bd, S * lamT[:, None])
     Abar = I.apply(Fbar)
@@ -105,9 +123,17 @@ def rnea_vjp_bl(
     vbar = (S * Vc).sum(1)
     Sbar = lamT[:, None] * Fc + aT[:, None] * cbar + vT[:, None] * Vc
     G = force_cross(W, IV) + force_cross(V, IW) - force_cross(Fbar, IA) - force_cross(A, Abar)
+    fbar = None
+    if f_ext is not None:
+        Fb = Fbar[body]  # (k, 6, B): the motion Fbar of each link's body
+        lin_o = Fb[:, :3] + cross(Fb[:, 3:], origin)
+        fbar = f_ext.new_zeros(f_ext.shape).index_copy(
+            1, keep, -torch.cat([lin_o, Fb[:, 3:]], dim=1).permute(2, 0, 1))
+        g = cross(fl[:, :3], Fb[:, 3:])  # f x Fbar_ang, applied at the moving point o
+        G = G - torch.zeros_like(G).index_add(0, body, torch.cat([g, cross(origin, g)], dim=1))
     qbar = (S * tree_sum(mask_db, G + _per_body(force_cross(S, Sbar), free))).sum(1)  # tangent space
     if passive:  # tau includes + damping v + stiffness (q - rest) on the joints
-        j = model._v_joint_start
+        j = tree.v_joint_start
         lam_j = lamT[j:]
         vbar = torch.cat([vbar[:j], torch.addcmul(vbar[j:], mt.damping[:, None], lam_j)]) if free else \
             torch.addcmul(vbar, mt.damping[:, None], lam_j)
@@ -115,7 +141,7 @@ def rnea_vjp_bl(
             torch.addcmul(qbar, mt.stiffness[:, None], lam_j)
     if free:
         qbar = torch.cat([_base_coordinates_cotangent(ts, qT[3:7], qbar[:6]), qbar[6:]])
-    return qbar, vbar, abar
+    return RneaCotangents(qbar, vbar, abar, fbar)
 
 
 def _per_dof(x: Tensor) -> Tensor:
@@ -148,20 +174,21 @@ def _base_coordinates_cotangent(ts: TreeState, quat: Tensor, g: Tensor) -> Tenso
 
 
 def rnea_state_vjp(
-    model: RobotModel,
+    tree: KinematicTree,
     q: Tensor,
     v: Tensor,
     a: Tensor,
     lam: Tensor,
     passive: bool,
-    ts: TreeState | None = None,
+    ts: TreeState,
     inertia: RigidInertia | None = None,
-) -> tuple[Tensor, Tensor]:
+    f_ext: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None]:
     """Batch-first :func:`rnea_vjp_bl` for backward passes: ``q (B, nq), v, a, lam (B, nv) ->
-    (qbar (B, nq), vbar (B, nv))``, with no graph (inputs are detached)."""
+    (qbar (B, nq), vbar (B, nv), f_ext bar (B, n_links, 6) or None)``, with no graph (inputs are
+    detached); ``ts`` is the kinematic pass at ``q``."""
     q, v, a = q.detach(), v.detach(), a.detach()
-    if ts is None:
-        ts = tree_state(model, q)
-    qbar, vbar, _ = rnea_vjp_bl(model, ts, q.transpose(0, 1), v.transpose(0, 1), a.transpose(0, 1),
-                                lam.transpose(0, 1), passive, inertia)
-    return qbar.transpose(0, 1), vbar.transpose(0, 1)
+    f_ext = None if f_ext is None else f_ext.detach()
+    got = rnea_vjp_bl(tree, ts, q.transpose(0, 1), v.transpose(0, 1), a.transpose(0, 1), lam.transpose(0, 1),
+                      passive, inertia, f_ext)
+    return got.q.transpose(0, 1), got.v.transpose(0, 1), got.f_ext

@@ -304,7 +304,7 @@ class PhysicallyConsistentInertial(nn.Module):
     Install with :func:`make_link_inertial_learnable` (which sets the link's ``inertial_source``).
 
     Args:
-        link_params: the link's :class:`~diffmech.model.robot.LinkParams`; its current mass, COM
+        link_params: the link's :class:`~diffmech.model.parameters.LinkParams`; its current mass, COM
             and inertia must be strictly physically consistent (a massless link is not).
     """
 
@@ -342,7 +342,7 @@ class IndependentInertial(nn.Module):
     choice before physical consistency was understood, kept for comparison.
 
     Args:
-        link_params: the link's :class:`~diffmech.model.robot.LinkParams` (initial values); the
+        link_params: the link's :class:`~diffmech.model.parameters.LinkParams` (initial values); the
             inertia must be positive definite.
         diag: positive map of the Cholesky diagonal, ``"exp"`` or ``"softplus"``.
     """
@@ -377,7 +377,7 @@ def make_link_inertial_learnable(robot, link: str, kind: str = "physically_consi
     To stop training the source: ``module.requires_grad_(False)``.
 
     Args:
-        robot: a :class:`~diffmech.model.robot.RobotModel`.
+        robot: a :class:`~diffmech.RobotModel`.
         link: link name.
         kind: ``"physically_consistent"`` (default) or ``"independent"``.
 
@@ -398,7 +398,6 @@ def make_link_inertial_learnable(robot, link: str, kind: str = "physically_consi
     for name in ("mass", "com", "inertia"):
         robot.freeze_link_param(link, name)
     lp.inertial_source = module
-    robot._cache = None
     return module
 
 
@@ -461,7 +460,7 @@ def inertial_regressor(robot, q: Tensor, v: Tensor, a: Tensor, links: Sequence[s
     ``inertial_source`` entries are swapped for the computation and restored).
 
     Args:
-        robot: a :class:`~diffmech.model.robot.RobotModel`.
+        robot: a :class:`~diffmech.RobotModel`.
         q: (..., nq), v: (..., nv), a: (..., nv) states and accelerations.
         links: link names (default: every link that moves, i.e. not rigidly fixed to the world).
 
@@ -489,9 +488,7 @@ def inertial_regressor(robot, q: Tensor, v: Tensor, a: Tensor, links: Sequence[s
     try:
         for lp, src in zip(lps, sources):
             lp.inertial_source = src
-        robot._cache = None
         return jacfwd(torques)(pi0)
     finally:
         for lp, old in zip(lps, saved):
             lp.inertial_source = old
-        robot._cache = None

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import torch
 
 from ..errors import ModelError
-from .robot import RobotModel
+from ..robot import RobotModel
 from .spec import JointSpec, LinkSpec, RobotSpec
 
 __all__ = ["pendulum", "n_link_pendulum", "double_pendulum", "cartpole", "acrobot"]

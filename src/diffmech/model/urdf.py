@@ -1,4 +1,5 @@
-"""URDF -> :class:`RobotModel`, with yourdfpy parsing the XML."""
+"""URDF -> :class:`~diffmech.model.spec.RobotSpec`, with yourdfpy parsing the XML (``diffmech.load_urdf``
+turns the spec into a :class:`~diffmech.RobotModel`)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,11 @@ import os
 import warnings
 
 import numpy as np
-import torch
 
 from ..errors import URDFError
-from .robot import RobotModel
 from .spec import JOINT_TYPES, JointSpec, LinkSpec, RobotSpec
 
-__all__ = ["load_urdf", "parse_urdf"]
+__all__ = ["parse_urdf"]
 
 
 def _rpy(R: np.ndarray) -> tuple[float, float, float]:
@@ -147,28 +146,3 @@ def parse_urdf(path_or_xml: str | os.PathLike) -> RobotSpec:
             damping=value(dyn, "damping", 0.0), friction=value(dyn, "friction", 0.0),
         ))
     return RobotSpec(name=robot.name or "robot", links=links, joints=joints, source=src)
-
-
-def load_urdf(
-    path: str | os.PathLike,
-    *,
-    floating_base: bool = False,
-    dtype: torch.dtype = torch.float64,
-    device: torch.device | str | None = None,
-    gravity=(0.0, 0.0, -9.81),
-) -> RobotModel:
-    """Load a URDF file (or XML string) as a :class:`RobotModel`.
-
-    Args:
-        path: URDF file path, or the XML text itself.
-        floating_base: attach the root link to the world by a free joint (``nq = nv + 1``).
-        dtype: dtype of the model's parameters (float64 by default).
-        device: device of the model's parameters.
-        gravity: (3,) world gravity, m/s^2.
-
-    Raises:
-        URDFError / ModelError: naming the file and the offending link or joint.
-    """
-    spec = parse_urdf(path)
-    spec.gravity = tuple(float(g) for g in gravity)
-    return RobotModel(spec, floating_base=floating_base, dtype=dtype, device=device)

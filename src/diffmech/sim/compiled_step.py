@@ -6,7 +6,7 @@ of ``(q_k, v_k, u_k, theta, adjoint)``: it is traced once with ``torch.func.vjp`
 reverse step is one call, with no autograd graph to rebuild and no per-operation overhead. Autograd
 through the whole loop cannot be compiled this way: its graph spans every step.
 
-The model's parameters enter as the :class:`~diffmech.model.robot.ModelTensors` fields; the rollout
+The model's parameters enter as the :class:`~diffmech.model.parameters.ModelTensors` fields; the rollout
 sums their cotangents over the steps and maps them to the parameters with one VJP at the end.
 """
 
@@ -19,7 +19,8 @@ from torch import Tensor
 
 from ..dynamics.aba import aba_flat
 from ..dynamics.compiled import kernel_input
-from ..model.robot import ModelTensors, RobotModel
+from ..model.parameters import ModelTensors
+from ..robot import RobotModel
 from .integrators import Integrator
 
 __all__ = ["CompiledStep"]
@@ -35,12 +36,13 @@ class CompiledStep:
     def __init__(self, robot: RobotModel, integ: Integrator, dt: float, passive: bool, compile: bool = True,
                  **compile_options):
         self.robot, self.integ, self.dt, self.passive = robot, integ, float(dt), bool(passive)
+        tree = robot.tree
 
         def step(q: Tensor, v: Tensor, u: Tensor, *mt_fields: Tensor) -> tuple[Tensor, Tensor]:
             mt = ModelTensors(*mt_fields)
 
             def accel(q_, v_, tau_, f_ext_):
-                return aba_flat(robot, q_, v_, tau_, None, passive, mt)
+                return aba_flat(tree, mt, q_, v_, tau_, None, passive)
 
             return integ.step_flat(robot, q, v, u, dt, None, passive, accel=accel)
 

@@ -54,9 +54,10 @@ from ..dynamics._common import (
 )
 from ..dynamics.aba import forward_dynamics_flat
 from ..dynamics.free_flyer import free_flyer_integrate, free_flyer_vjp
-from ..errors import ModelError, ShapeError
+from ..errors import ModelError, OptionError, ShapeError
 from ..implicit import newton_solve
-from ..model.robot import ModelTensors, RobotModel
+from ..model.parameters import ModelTensors
+from ..robot import RobotModel
 
 __all__ = [
     "Integrator", "ExplicitEuler", "SemiImplicitEuler", "ExplicitMidpoint", "RK4", "VariationalMidpoint",
@@ -69,7 +70,8 @@ def _accel(robot: RobotModel, q: Tensor, v: Tensor, tau: Tensor, f_ext: Tensor |
     if accel is not None:
         return accel(q, v, tau, f_ext)
     # ABA forward, one M^{-1} solve + one RNEA VJP backward (implicit function theorem).
-    return forward_dynamics_flat(robot, q, v, tau, f_ext, passive, "auto", True)
+    return forward_dynamics_flat(robot.tree, robot.model_tensors(q.dtype, q.device), q, v, tau, f_ext, passive,
+                                 "auto", True)
 
 
 def _advance(robot: RobotModel, q: Tensor, v: Tensor, dt: float) -> Tensor:
@@ -136,10 +138,12 @@ class _Configuration:
 
     def __init__(self, robot: RobotModel, q: Tensor, mt: ModelTensors | None = None):
         self.robot, self.q = robot, q
+        self.tree = tree = robot.tree
         self.mt = robot.model_tensors(q.dtype, q.device) if mt is None else mt
-        self.ts = tree_state(robot, q, self.mt)
+        self.ts = tree_state(tree, self.mt, q)
         self.inertia = world_inertia(self.ts)
-        self.mask_bd, self.mask_db = masks(robot, q)
+        self.mask_bd, self.mask_db = masks(tree, q)
+        self.tables = tree.tables(q.dtype, q.device)
         self._composite: tuple[RigidInertia, Tensor] | None = None
 
     def composite(self) -> tuple[RigidInertia, Tensor]:
@@ -153,14 +157,14 @@ class _Configuration:
     def symmetric(self, vals: Tensor) -> Tensor:
         """``(B, nv, nv)`` symmetric matrix from its values ``(npairs, B)`` at the CRBA pairs (``d`` at
         or above ``e``)."""
-        robot = self.robot
-        return (robot._crba_scatter.to(vals.dtype) @ vals).transpose(0, 1).reshape(-1, robot.nv, robot.nv)
+        nv = self.tree.nv
+        return (self.tables.crba_scatter @ vals).transpose(0, 1).reshape(-1, nv, nv)
 
     def mass(self) -> Tensor:
         """``M(q) (B, nv, nv)``: ``M[d, e] = S_d . Ic_e S_e``."""
-        robot = self.robot
+        tb = self.tables
         _, IcS = self.composite()
-        return self.symmetric((self.ts.S[robot._crba_d] * IcS[robot._crba_e]).sum(1))
+        return self.symmetric((self.ts.S[tb.crba_d] * IcS[tb.crba_e]).sum(1))
 
 
 class _LagrangianPass:
@@ -195,13 +199,13 @@ class _LagrangianPass:
         self.vT = vT = v.transpose(0, 1)
         self.V = V = tree_sum(conf.mask_bd, S * vT[:, None])  # (nb, 6, B) body velocities
         # d/dt S_d = V_body(d) x S_d (without a floating base, DoF d is body d).
-        self.Sdot = motion_cross(V[robot._dof_body] if robot._nfree else V, S)  # (nv, 6, B)
+        self.Sdot = motion_cross(V[conf.tables.dof_body] if robot.tree.nfree else V, S)  # (nv, 6, B)
         self.IV = inertia.apply(V)
         # The forces that hold every body at rest against gravity, I a_g with a_g = (-g; 0):
         # (-m g; h x -g), written out (a fifth of the operations of inertia.apply).
         g = mt.gravity[:, None].expand_as(inertia.h)
         F_rest = torch.cat([-inertia.m[..., None] * g, torch.linalg.cross(g, inertia.h, dim=-2)], 1)
-        self.ext = external_body_forces(robot, ts, f_ext) if f_ext is not None else None
+        self.ext = external_body_forces(robot.tree, ts, f_ext) if f_ext is not None else None
         if self.ext is not None:
             F_rest = F_rest - self.ext
         sub = tree_sum(conf.mask_db, torch.cat([self.IV, F_rest], 1))  # subtree sums, (nv, 12, B)
@@ -223,7 +227,7 @@ class _LagrangianPass:
             F = F - self.ext
         h = (conf.ts.S * tree_sum(conf.mask_db, F)).sum(1)
         if self.passive:
-            h = h - passive_forces(conf.robot, conf.mt, conf.q.transpose(0, 1), self.vT)
+            h = h - passive_forces(conf.tree, conf.mt, conf.q.transpose(0, 1), self.vT)
         return h.transpose(0, 1)
 
     def second_derivatives(self) -> tuple[Tensor, Tensor, Tensor]:
@@ -236,7 +240,7 @@ class _LagrangianPass:
         robot = conf.robot
         S, Sdot = conf.ts.S, self.Sdot
         Ic, IcS = conf.composite()
-        d, e = robot._crba_d, robot._crba_e
+        d, e = conf.tables.crba_d, conf.tables.crba_e
         Y = (Ic.apply(Sdot) + force_cross(S, self.H))[e]  # (npairs, 6, B)
         B = Y.shape[-1]
         # K[e, d] first: for d = e both values agree, and K[d, e] overwrites it.
@@ -515,9 +519,9 @@ class VariationalMidpoint(Integrator):
 
     def __init__(self, rtol: float = 1e-13, max_iter: int = 30, jacobian: str = "approx", update: str = "broyden"):
         if jacobian not in ("approx", "exact"):
-            raise ShapeError(f"VariationalMidpoint: jacobian must be 'approx' or 'exact', got {jacobian!r}")
+            raise OptionError(f"VariationalMidpoint: jacobian must be 'approx' or 'exact', got {jacobian!r}")
         if update not in ("broyden", "chord", "newton"):
-            raise ShapeError(f"VariationalMidpoint: update must be 'broyden', 'chord' or 'newton', got {update!r}")
+            raise OptionError(f"VariationalMidpoint: update must be 'broyden', 'chord' or 'newton', got {update!r}")
         self.rtol = float(rtol)
         self.max_iter = int(max_iter)
         self.jacobian = jacobian
@@ -686,6 +690,6 @@ def get_integrator(integrator: str | Integrator | Callable) -> Integrator:
         return integrator
     if isinstance(integrator, str):
         if integrator not in INTEGRATORS:
-            raise ShapeError(f"unknown integrator '{integrator}'; choose from {sorted(INTEGRATORS)}")
+            raise OptionError(f"unknown integrator {integrator!r}; choose from {sorted(INTEGRATORS)}")
         return INTEGRATORS[integrator]
-    raise ShapeError(f"integrator must be a name from {sorted(INTEGRATORS)} or an Integrator, got {integrator!r}")
+    raise OptionError(f"integrator must be a name from {sorted(INTEGRATORS)} or an Integrator, got {integrator!r}")

@@ -41,9 +41,9 @@ from ..dynamics.aba import _lu_apply, forward_dynamics_flat
 from ..dynamics.compiled import CompiledDynamics, compiled
 from ..dynamics.crba import crba_flat
 from ..dynamics.rnea import rnea_flat
-from ..dynamics.rnea_vjp import rnea_state_vjp, rnea_vjp_bl, rnea_vjp_supported
-from ..errors import ShapeError, SimulationError
-from ..model.robot import RobotModel
+from ..dynamics.rnea_vjp import rnea_state_vjp, rnea_vjp_bl
+from ..errors import OptionError, ShapeError, SimulationError
+from ..robot import RobotModel
 from .compiled_step import CompiledStep
 from .integrators import Integrator, get_integrator
 
@@ -128,12 +128,13 @@ def _dynamics_vjp(robot: RobotModel, passive: bool, q: Tensor, v: Tensor, qdd: T
     """VJP of forward dynamics at a known ``qdd``, by hand (no graph; no ``f_ext``, no parameter):
     ``lam = M^{-1} g`` is the cotangent of ``tau``, and ``q``, ``v`` get the RNEA VJP with ``-lam``.
     One kinematic pass serves the mass matrix and the VJP. Returns ``(qbar (B, nq), vbar, lam)``."""
-    ts = tree_state(robot, q)
+    tree, mt = robot.tree, robot.model_tensors(q.dtype, q.device)
+    ts = tree_state(tree, mt, q)
     inertia = world_inertia(ts)
     # LU without error checks (as forward dynamics): a mass matrix is never singular.
-    LU, piv, _ = torch.linalg.lu_factor_ex(crba_flat(robot, q, ts, inertia))
+    LU, piv, _ = torch.linalg.lu_factor_ex(crba_flat(tree, mt, q, ts, inertia))
     lam = _lu_apply(LU, piv, g)
-    gq, gv = rnea_state_vjp(robot, q, v, qdd, -lam, passive, ts, inertia)
+    gq, gv, _ = rnea_state_vjp(tree, q, v, qdd, -lam, passive, ts, inertia)
     return gq, gv, lam
 
 
@@ -161,7 +162,7 @@ class _ReplayedDynamics(torch.autograd.Function):
         q, v, qdd = q.detach(), v.detach(), qdd.detach()
         flags = [needs[2], needs[3], f_ext is not None and needs[5]]
         p_idx = [i for i in range(len(params)) if needs[7 + i]]
-        hand = not p_idx and not flags[2] and rnea_vjp_supported(robot, f_ext) and (flags[0] or flags[1])
+        hand = not p_idx and not flags[2] and f_ext is None and (flags[0] or flags[1])
         out: list[Tensor | None] = [None, None, None]
         g_p: list[Tensor | None] = [None] * len(params)
         if hand:
@@ -170,12 +171,14 @@ class _ReplayedDynamics(torch.autograd.Function):
             return (None, None, gq if flags[0] else None, gv if flags[1] else None, lam if needs[4] else None,
                     None, None, *g_p)
         # LU without error checks (as forward dynamics): a mass matrix is never singular.
-        LU, piv, _ = torch.linalg.lu_factor_ex(crba_flat(robot, q))
+        tree = robot.tree
+        LU, piv, _ = torch.linalg.lu_factor_ex(crba_flat(tree, robot.model_tensors(q.dtype, q.device), q))
         lam = _lu_apply(LU, piv, g)
         if any(flags) or p_idx:
             with torch.enable_grad():
                 leaves = [t.detach().requires_grad_(f) if t is not None else None for t, f in zip((q, v, f_ext), flags)]
-                tau_id = rnea_flat(robot, leaves[0], leaves[1], qdd, leaves[2], ctx.passive)
+                tau_id = rnea_flat(tree, robot.model_tensors(q.dtype, q.device), leaves[0], leaves[1], qdd, leaves[2],
+                                   ctx.passive)
                 wanted = [leaves[i] for i in range(3) if flags[i]] + [params[i] for i in p_idx]
                 got = torch.autograd.grad(tau_id, wanted, grad_outputs=-lam, allow_unused=True)
             j = 0
@@ -212,7 +215,8 @@ class _Tape:
         if self.dyn is not None:
             a = self.dyn.evaluate((q, v, tau), self.mt)
         else:
-            a = forward_dynamics_flat(self.robot, q, v, tau, f_ext, self.passive, "auto", True)
+            a = forward_dynamics_flat(self.robot.tree, self.robot.model_tensors(q.dtype, q.device), q, v, tau, f_ext,
+                                      self.passive, "auto", True)
         self.A[self.k, self.s] = a
         self.s += 1
         return a
@@ -335,7 +339,7 @@ class _CheckpointRollout(torch.autograd.Function):
         # Explicit Euler steps of a state-only gradient (tensor controls, no f_ext, no parameter)
         # reverse by hand: no graph is built per step (the integrators' step_vjp_flat).
         hand_ok = (integ.hand_vjp and cfg.policy is None and not p_need and not need_f
-                   and rnea_vjp_supported(robot, f_ext) and cfg.record)
+                   and f_ext is None and cfg.record)
         hand_step = hand_ok and cfg.cstep is None and cfg.dyn is None
 
         m = robot.nq + robot.nv  # rows of a step's Jacobian
@@ -472,9 +476,10 @@ def _dynamics_jacobians(robot: RobotModel, passive: bool, q: Tensor, v: Tensor, 
     hand-written RNEA VJP of the ``nv`` unit cotangents of every state in one batched call.
     """
     N, nq, nv = q.shape[0], robot.nq, robot.nv
-    ts = tree_state(robot, q)
+    tree, mt = robot.tree, robot.model_tensors(q.dtype, q.device)
+    ts = tree_state(tree, mt, q)
     inertia = world_inertia(ts)
-    LU, piv, _ = torch.linalg.lu_factor_ex(crba_flat(robot, q, ts, inertia))
+    LU, piv, _ = torch.linalg.lu_factor_ex(crba_flat(tree, mt, q, ts, inertia))
     eye = torch.eye(nv, dtype=q.dtype, device=q.device)
     Minv = torch.linalg.lu_solve(LU, piv, eye.expand(N, nv, nv))
     # nv copies of every state, batch-last: row i * N + j is unit cotangent i at state j.
@@ -483,7 +488,7 @@ def _dynamics_jacobians(robot: RobotModel, passive: bool, q: Tensor, v: Tensor, 
     in_r = RigidInertia(m=inertia.m, h=rep(inertia.h), I=rep(inertia.I),
                         full=None if inertia.full is None else rep(inertia.full))
     lam = eye.repeat_interleave(N, dim=1)  # (nv, nv * N)
-    qbar, vbar, _ = rnea_vjp_bl(robot, ts_r, rep(q.T), rep(v.T), rep(qdd.T), lam, passive, in_r)
+    qbar, vbar, _, _ = rnea_vjp_bl(tree, ts_r, rep(q.T), rep(v.T), rep(qdd.T), lam, passive, in_r)
     JR = torch.cat([qbar, vbar]).reshape(nq + nv, nv, N).permute(2, 1, 0)
     return Minv, JR
 
@@ -539,7 +544,8 @@ def _reverse_time_batched(cfg: _Config, integ: Integrator, Qseg: Tensor, Vseg: T
         else:  # the Euler integrators evaluate the dynamics once, at the step's own state
             u = tau[:, c0:c1].transpose(0, 1).reshape(N, nv)
             with torch.no_grad():
-                acc = forward_dynamics_flat(robot, q, v, u, None, passive, "auto", False)[None]
+                acc = forward_dynamics_flat(robot.tree, robot.model_tensors(q.dtype, q.device), q, v, u, None, passive,
+                                            "auto", False)[None]
         dynamics_vjp = functools.partial(_vjp_from_jacobians, *_dynamics_jacobians(robot, passive, q, v, acc[0]))
         basis = eye[:, None].expand(m, N, m).reshape(-1, m)
         gq, gv, gu = integ.step_vjp_flat(robot, _rows(q, m), _rows(v, m), _rows(acc.transpose(0, 1), m).transpose(0, 1),
@@ -668,7 +674,7 @@ def rollout(
     integ = get_integrator(integrator)
     integ.check_robot(robot)
     if adjoint not in ADJOINTS:
-        raise ShapeError(f"rollout: unknown adjoint '{adjoint}'; choose from {ADJOINTS}")
+        raise OptionError(f"rollout: unknown adjoint {adjoint!r}; choose from {ADJOINTS}")
     if not isinstance(checkpoint_every, int) or isinstance(checkpoint_every, bool) or checkpoint_every < 1:
         raise ShapeError(f"rollout: checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
     dt = float(dt)

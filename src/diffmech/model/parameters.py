@@ -1,0 +1,778 @@
+"""The parameter values of a robot: learnable tensors, one flat store, and the derived tensor bundle.
+
+:class:`RobotParameters` is the ``nn.Module`` that owns a robot's physical parameters -- each link's
+mass, centre of mass and inertia, each joint's placement, damping, friction and spring, and gravity --
+as tensors held by small per-link and per-joint modules (``robot.links[i].mass``, ...), so that any
+of them can be made learnable (a parametrization from :mod:`torch.nn.utils.parametrize` or a whole
+inertial source); optimisers, ``state_dict``, ``.to()`` and ``torch.func.functional_call`` work as
+for any module. From them it produces :class:`ModelTensors`, the bundle of per-call constants the
+algorithms read (joint placements, body inertias, ...), in any dtype and device.
+
+Why changes are always seen. Producing the bundle costs some fifty small tensor operations, so it is
+cached -- and a cache is a source of silently wrong answers when a parameter changes by a route it
+does not watch (``.data``, rebinding, ``load_state_dict``, an optimiser step, ``.to()``, ...).
+The cache here is safe by construction rather than by a list of routes:
+
+* every frozen raw value is a view of one flat tensor (the *store*): whatever writes a value in
+  place -- an in-place op on the tensor, on ``.data``, on a ``state_dict`` alias, ``copy_`` by
+  ``load_state_dict``, an optimiser -- writes the store, and one comparison of the store with the
+  snapshot taken when the bundle was made sees it;
+* the only other way to change a value is to change *which* tensor holds it: a module attribute
+  set or deleted, a parametrization registered, ``.to()``, ``functional_call``'s swaps -- all of
+  which write the modules' parameter/buffer/submodule dictionaries, which are observed -- or a
+  tensor re-pointed at other memory (``.data = t``, ``set_``) or asked to require a gradient, which
+  the store's own tensor class observes. Each bumps a generation counter, and the next call
+  re-reads the layout.
+* A value that is not a store view (a learnable parameter, a parametrization, an inertial source,
+  a tensor a user assigned) is read afresh at every call: no cache where none can be made safe.
+
+The per-call check is one integer comparison and one ``torch.equal`` of a few hundred numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils import parametrize
+
+from .. import spatial
+from ..errors import ModelError
+from .spec import JointSpec, LinkSpec, RobotSpec
+from .tree import KinematicTree
+
+__all__ = ["RobotParameters", "LinkParams", "JointParams", "ModelTensors", "RawParameters", "derive_tensors"]
+
+LINK_PARAMS = ("mass", "com", "inertia")
+JOINT_PARAMS = ("origin_xyz", "origin_rpy", "damping", "friction", "stiffness", "rest")
+# Names used by differentiable-robot-model, accepted as aliases.
+ALIASES = {
+    "inertia_mat": "inertia",
+    "trans": "origin_xyz",
+    "rot_angles": "origin_rpy",
+    "joint_damping": "damping",
+    "spring_stiffness": "stiffness",
+    "spring_rest": "rest",
+}
+# Layout of the store: one block per kind of value, entries in link / joint order.
+_LINK_SHAPES = {"mass": (), "com": (3,), "inertia": (3, 3)}
+_JOINT_SHAPES = {"origin_xyz": (3,), "origin_rpy": (3,), "damping": (), "friction": (), "stiffness": (), "rest": ()}
+
+
+class ModelTensors(NamedTuple):
+    """Per-call constants derived from the parameters, in one dtype/device: the values the
+    algorithms read besides the :class:`~diffmech.model.tree.KinematicTree`.
+
+    ``nb`` moving bodies, ``nj`` one-DoF bodies (``nb - 1`` with a floating base, else ``nb``),
+    ``nl`` links. Fields used in the batch-last algorithms carry a trailing broadcast dimension.
+    The joint rotation about a unit axis is ``R_joint = I + sin q K + (1 - cos q) K^2``, so the
+    joint's placement in its parent body, ``R_tree R_joint``, is ``A0 + sin q A1 + (1 - cos q) A2``.
+    """
+
+    A0: Tensor  # (nj, 3, 3, 1) R_tree: joint frame in the parent body frame
+    A1: Tensor  # (nj, 3, 3, 1) R_tree K (zero for prismatic joints)
+    A2: Tensor  # (nj, 3, 3, 1) R_tree K^2
+    p_tree: Tensor  # (nj, 3, 1) joint origin in the parent body frame
+    lin_dir: Tensor  # (nj, 3, 1) R_tree axis for prismatic joints, zero for revolute
+    rot_axis: Tensor  # (nj, 3, 1) revolute axis in the body frame, zero for prismatic
+    lin_axis: Tensor  # (nj, 3, 1) prismatic axis in the body frame, zero for revolute
+    body_mass: Tensor  # (nb,) mass of each body (its rigidly attached links)
+    body_h: Tensor  # (nb, 3) first mass moment sum m c about the body origin, body frame
+    body_I: Tensor  # (nb, 3, 3) rotational inertia about the body origin, body axes
+    link_R: Tensor  # (nl, 3, 3) link frame in its body frame (world for world-fixed links)
+    link_p: Tensor  # (nl, 3)
+    link_mass: Tensor  # (nl,)
+    link_com: Tensor  # (nl, 3) in link frame
+    damping: Tensor  # (nj,)
+    stiffness: Tensor  # (nj,)
+    rest: Tensor  # (nj,)
+    gravity: Tensor  # (3,)
+
+
+class RawParameters(NamedTuple):
+    """The raw parameter values of a robot, one tensor per kind (links and joints in tree order)."""
+
+    mass: Tensor  # (nl,) kg
+    com: Tensor  # (nl, 3) m, link frame
+    inertia: Tensor  # (nl, 3, 3) kg m^2 about the centre of mass, link axes
+    origin_xyz: Tensor  # (nJ, 3) m, joint frame in the parent link frame (nJ = nl - 1 joints)
+    origin_rpy: Tensor  # (nJ, 3) rad
+    damping: Tensor  # (nJ,)
+    friction: Tensor  # (nJ,)
+    stiffness: Tensor  # (nJ,)
+    rest: Tensor  # (nJ,)
+    gravity: Tensor  # (3,) m/s^2, world frame
+
+
+def derive_tensors(tree: KinematicTree, raw: RawParameters) -> ModelTensors:
+    """The :class:`ModelTensors` of raw parameter values, differentiably (a few dozen batched ops).
+
+    Link offsets are composed from each body's frame down through fixed joints, one fixed depth
+    at a time; inertias about each link's centre of mass are moved to its body's origin and summed
+    per body (mass, first moment and inertia add up without dividing by a possibly zero body mass).
+    """
+    dtype, device = raw.mass.dtype, raw.mass.device
+    tb = tree.tables(dtype, device)
+    nl = tree.n_links
+    eye = torch.eye(3, dtype=dtype, device=device)
+    Rj = spatial.rpy_to_matrix(raw.origin_rpy)  # (nJ, 3, 3)
+    xyz = raw.origin_xyz
+    link_R = eye.expand(nl, 3, 3)
+    link_p = raw.mass.new_zeros(nl, 3)
+    for links, parents, joints in tb.fixed_levels:
+        Rp = link_R[parents]
+        link_R = link_R.index_copy(0, links, Rp @ Rj[joints])
+        link_p = link_p.index_copy(0, links, link_p[parents] + (Rp @ xyz[joints][..., None])[..., 0])
+    pl = tb.body_joint_parent_link
+    Rp = link_R[pl]
+    R_tree = Rp @ Rj[tb.body_joint]  # (nj, 3, 3)
+    p_tree = link_p[pl] + (Rp @ xyz[tb.body_joint][..., None])[..., 0]
+
+    mass, com = raw.mass, raw.com
+    # A raw learnable 3x3 drifts off symmetry under unconstrained updates; ABA assumes symmetry,
+    # so only the symmetric part is physical.
+    inertia = 0.5 * (raw.inertia + raw.inertia.transpose(-1, -2))
+    c_b = link_p + (link_R @ com[..., None])[..., 0]
+    I_c = link_R @ inertia @ link_R.transpose(-1, -2)
+    I_o = I_c + mass[:, None, None] * ((c_b * c_b).sum(-1)[:, None, None] * eye - c_b[:, :, None] * c_b[:, None, :])
+    keep, body = tb.moving_links, tb.moving_link_body
+    body_mass = mass.new_zeros(tree.nb).index_add(0, body, mass[keep])
+    body_h = mass.new_zeros(tree.nb, 3).index_add(0, body, (mass[:, None] * c_b)[keep])
+    body_I = mass.new_zeros(tree.nb, 3, 3).index_add(0, body, I_o[keep])
+
+    pris = tb.prismatic[:, None]
+    rot_axis = tb.axes * (1 - pris)
+    lin_axis = tb.axes * pris
+    K = spatial.skew(rot_axis)
+    A1 = R_tree @ K
+    A2 = A1 @ K
+    lin_dir = (R_tree @ lin_axis[..., None])[..., 0]
+    bj = tb.body_joint
+    return ModelTensors(
+        A0=R_tree[..., None], A1=A1[..., None], A2=A2[..., None], p_tree=p_tree[..., None],
+        lin_dir=lin_dir[..., None], rot_axis=rot_axis[..., None], lin_axis=lin_axis[..., None],
+        body_mass=body_mass, body_h=body_h, body_I=body_I,
+        link_R=link_R, link_p=link_p, link_mass=mass, link_com=com,
+        damping=raw.damping[bj], stiffness=raw.stiffness[bj], rest=raw.rest[bj], gravity=raw.gravity,
+    )
+
+
+# ---------------------------------------------------------------------------- change observation
+class _Generation:
+    """A counter shared by a robot, its parameter modules' dictionaries and its store tensors."""
+
+    __slots__ = ("n",)
+
+    def __init__(self):
+        self.n = 0
+
+    def __getstate__(self):
+        return self.n
+
+    def __setstate__(self, n):
+        self.n = n
+
+
+def _bump(owner) -> None:
+    gen = getattr(owner, "_dm_gen", None)
+    if gen is not None:
+        gen.n += 1
+
+
+class _ObservedDict(dict):
+    """A module's ``_parameters`` / ``_buffers`` / ``_modules`` dictionary whose every write bumps
+    its robot's generation (torch's own code -- ``_apply``, parametrize, ``functional_call`` --
+    writes these dictionaries directly, not through ``__setattr__``)."""
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        _bump(self)
+
+    def __delitem__(self, key):
+        super().__delitem__(key)
+        _bump(self)
+
+    def pop(self, *args):
+        _bump(self)
+        return super().pop(*args)
+
+    def popitem(self):
+        _bump(self)
+        return super().popitem()
+
+    def clear(self):
+        _bump(self)
+        super().clear()
+
+    def update(self, *args, **kwargs):
+        _bump(self)
+        super().update(*args, **kwargs)
+
+    def setdefault(self, key, default=None):
+        _bump(self)
+        return super().setdefault(key, default)
+
+    def __ior__(self, other):
+        _bump(self)
+        return super().__ior__(other)
+
+    def __reduce_ex__(self, protocol):
+        # Rebuilt as a plain dict: the robot re-installs observation after copying or unpickling.
+        return (dict, (dict(self),))
+
+
+_DATA = torch._C.TensorBase.data
+_REQUIRES_GRAD = torch._C.TensorBase.requires_grad
+
+
+class StoredTensor(torch.Tensor):
+    """A frozen raw parameter value that is a view of its robot's store (see the module docstring).
+
+    Behaves as a plain tensor (operations return plain tensors); re-pointing it at other memory
+    (``.data = t``, ``set_``) or making it require a gradient tells its robot, which then re-reads
+    its layout (the new value is copied into the store, or, for a gradient, read afresh each call).
+    """
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @property
+    def data(self):
+        return _DATA.__get__(self)
+
+    @data.setter
+    def data(self, value):
+        _DATA.__set__(self, value)
+        _bump(self)
+
+    @property
+    def requires_grad(self):
+        return _REQUIRES_GRAD.__get__(self)
+
+    @requires_grad.setter
+    def requires_grad(self, flag):
+        _REQUIRES_GRAD.__set__(self, flag)
+        _bump(self)
+
+    def requires_grad_(self, requires_grad: bool = True):
+        out = super().requires_grad_(requires_grad)
+        _bump(self)
+        return out
+
+    def set_(self, *args, **kwargs):
+        out = super().set_(*args, **kwargs)
+        _bump(self)
+        return out
+
+    def __reduce_ex__(self, proto):
+        # Saved as the plain tensor it stands for (``torch.save(robot)`` / pickling): the loaded
+        # robot re-creates its store.
+        return torch.Tensor.__reduce_ex__(self.as_subclass(torch.Tensor), proto)
+
+    def __deepcopy__(self, memo):
+        # A copy of the value; the copied robot re-creates its store and re-points it there.
+        if id(self) in memo:
+            return memo[id(self)]
+        out = _stored(self.detach().clone(), None)
+        memo[id(self)] = out
+        return out
+
+
+def _stored(view: Tensor, gen: _Generation) -> StoredTensor:
+    t = torch.Tensor._make_subclass(StoredTensor, view, False)
+    t._dm_gen = gen
+    return t
+
+
+def _observe(module: nn.Module, gen: _Generation) -> None:
+    for name in ("_parameters", "_buffers", "_modules"):
+        d = module.__dict__[name]
+        if not isinstance(d, _ObservedDict):
+            d = _ObservedDict(d)
+            module.__dict__[name] = d
+        d._dm_gen = gen
+
+
+# ---------------------------------------------------------------------------- parameter modules
+class LinkParams(nn.Module):
+    """Inertial parameters of one link (link frame, SI units).
+
+    Tensors: ``mass ()``, ``com (3,)``, ``inertia (3, 3)`` about the centre of mass.
+    ``inertial_source`` may hold a module returning ``(mass, com, inertia)`` jointly (used by
+    parametrizations that must see all ten inertial parameters at once, e.g. physical consistency).
+    """
+
+    def __init__(self, spec: LinkSpec, dtype: torch.dtype, device=None):
+        super().__init__()
+        kw = dict(dtype=dtype, device=device)
+        self.register_buffer("mass", torch.tensor(float(spec.mass), **kw))
+        self.register_buffer("com", torch.tensor(spec.com, **kw).reshape(3))
+        self.register_buffer("inertia", torch.tensor(spec.inertia, **kw).reshape(3, 3))
+        self.inertial_source: nn.Module | None = None
+
+    def inertial(self) -> tuple[Tensor, Tensor, Tensor]:
+        """Return ``(mass (), com (3,), inertia (3, 3))``."""
+        if self.inertial_source is not None:
+            return self.inertial_source()
+        return self.mass, self.com, self.inertia
+
+
+class JointParams(nn.Module):
+    """Placement and passive parameters of one joint.
+
+    Tensors: ``origin_xyz (3,)`` m and ``origin_rpy (3,)`` rad (joint frame in the parent link
+    frame), ``damping ()``, ``friction ()``, ``stiffness ()``, ``rest ()``.
+    """
+
+    def __init__(self, spec: JointSpec, dtype: torch.dtype, device=None):
+        super().__init__()
+        kw = dict(dtype=dtype, device=device)
+        self.register_buffer("origin_xyz", torch.tensor(spec.xyz, **kw).reshape(3))
+        self.register_buffer("origin_rpy", torch.tensor(spec.rpy, **kw).reshape(3))
+        for name in ("damping", "friction", "stiffness", "rest"):
+            self.register_buffer(name, torch.tensor(float(getattr(spec, name)), **kw))
+
+
+class _Slot(NamedTuple):
+    kind: str  # RawParameters field
+    index: int  # entry within the kind (-1 for gravity)
+    module: nn.Module
+    name: str  # attribute name on the module
+    start: int  # offset in the store
+    shape: tuple
+
+
+class RobotParameters(nn.Module):
+    """A robot's kinematic tree and parameter values (the layer below the algorithms).
+
+    :class:`diffmech.RobotModel` adds the algorithms as methods; build robots with
+    :func:`diffmech.load_urdf` or :mod:`diffmech.model.systems`.
+
+    Attributes:
+        tree: the :class:`~diffmech.model.tree.KinematicTree` (immutable).
+        name, link_names, joint_names, all_joint_names, joint_types, nq, nv, nb, nj, floating_base,
+            link_body, link_parent, body_parent, body_depth: copies of the tree's.
+        links, joints: per-link :class:`LinkParams` and per-joint :class:`JointParams` (in the
+            order of ``link_names`` and ``all_joint_names``).
+        actuated_joints: the joints with actuators (default: all of ``joint_names``).
+    """
+
+    def __init__(
+        self,
+        spec: RobotSpec,
+        *,
+        floating_base: bool = False,
+        dtype: torch.dtype = torch.float64,
+        device: torch.device | str | None = None,
+    ):
+        super().__init__()
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ModelError(f"RobotModel dtype must be a floating-point torch.dtype, got {dtype}")
+        tree = KinematicTree(spec, floating_base=floating_base)
+        self.tree = tree
+        self.name = tree.name
+        self.source = tree.source
+        self.floating_base = tree.floating_base
+        self.link_names: list[str] = list(tree.link_names)
+        self.joint_names: list[str] = list(tree.joint_names)
+        self.all_joint_names: list[str] = list(tree.all_joint_names)
+        self.joint_types: list[str] = list(tree.joint_types)
+        self.nq, self.nv, self.nb, self.nj = tree.nq, tree.nv, tree.nb, tree.nj
+        self.link_body: list[int] = list(tree.link_body)
+        self.link_parent: list[int] = list(tree.link_parent)
+        self.body_parent: list[int] = list(tree.body_parent)
+        self.body_depth: list[int] = list(tree.body_depth)
+        by_link = {link.name: link for link in spec.links}
+        by_joint = {j.name: j for j in spec.joints}
+        self.links = nn.ModuleList([LinkParams(by_link[n], dtype, device) for n in tree.link_names])
+        self.joints = nn.ModuleList([JointParams(by_joint[n], dtype, device) for n in tree.all_joint_names])
+        gravity = torch.as_tensor(spec.gravity, dtype=dtype, device=device)
+        if gravity.shape != (3,):
+            raise ModelError(f"{spec.source}: gravity must have shape (3,), got {tuple(gravity.shape)}")
+        self.register_buffer("gravity", gravity.clone())
+        kw = dict(dtype=torch.float64, device=device)
+        self.register_buffer("position_lower", torch.tensor(tree.lower, **kw), persistent=False)
+        self.register_buffer("position_upper", torch.tensor(tree.upper, **kw), persistent=False)
+        self.register_buffer("velocity_limit", torch.tensor(tree.velocity, **kw), persistent=False)
+        self.register_buffer("effort_limit", torch.tensor(tree.effort, **kw), persistent=False)
+        #: Joints driven by actuators (all moving joints unless a builder says otherwise, e.g. the
+        #: cartpole's slider); controllers and environments read it, the dynamics do not.
+        self.actuated_joints: list[str] = list(self.joint_names)
+        self._init_store(dtype, gravity.device)
+
+    # ------------------------------------------------------------------ the store
+    def _init_store(self, dtype: torch.dtype, device: torch.device) -> None:
+        self._dm_gen = _Generation()
+        self._store_dtype, self._store_device = dtype, torch.device(device)
+        self._layout_gen = -1
+        self._version = 0
+        self._relayout(adopt=True)
+
+    def _slots(self) -> list[_Slot]:
+        slots, off = [], 0
+        nl, nJ = len(self.links), len(self.joints)
+        for kind, shape in _LINK_SHAPES.items():
+            size = math.prod(shape)
+            for i in range(nl):
+                slots.append(_Slot(kind, i, self.links[i], kind, off + i * size, shape))
+            off += nl * size
+        for kind, shape in _JOINT_SHAPES.items():
+            size = math.prod(shape)
+            for k in range(nJ):
+                slots.append(_Slot(kind, k, self.joints[k], kind, off + k * size, shape))
+            off += nJ * size
+        slots.append(_Slot("gravity", -1, self, "gravity", off, (3,)))
+        return slots
+
+    def _relayout(self, adopt: bool) -> None:
+        """Re-read which tensor holds each raw value; rebuild the store views.
+
+        ``adopt``: plain tensors found in buffers become store views (after construction, ``.to()``
+        or unpickling, when nobody else holds them); otherwise such a tensor -- one a user assigned --
+        is read afresh at every call.
+        """
+        with torch.inference_mode(False):
+            self._relayout_impl(adopt)
+
+    def _relayout_impl(self, adopt: bool) -> None:
+        gen = self._dm_gen
+        for m in (self, self.links, self.joints, *self.links, *self.joints):
+            _observe(m, gen)
+        slots = self._slots()
+        dtype, device = self._store_dtype, self._store_device
+        total = slots[-1].start + 3
+        flat = torch.zeros(total, dtype=dtype, device=device)
+        live: list[_Slot] = []
+        stored: list[tuple[_Slot, Tensor]] = []
+        for s in slots:
+            m = s.module
+            source = s.kind in LINK_PARAMS and getattr(m, "inertial_source", None) is not None
+            t = m.__dict__["_buffers"].get(s.name)
+            plain = (t is not None and not source and not parametrize.is_parametrized(m, s.name)
+                     and not t.requires_grad and t.shape == s.shape)
+            if plain and (isinstance(t, StoredTensor) or adopt):
+                with torch.no_grad():
+                    flat[s.start:s.start + math.prod(s.shape)].copy_(t.detach().reshape(-1))
+                stored.append((s, t))
+            else:
+                live.append(s)
+        for s, t in stored:
+            view = flat[s.start:s.start + math.prod(s.shape)].view(s.shape)
+            if isinstance(t, StoredTensor):
+                _DATA.__set__(t, view)  # the same object, now viewing the new store
+                t._dm_gen = gen
+            else:
+                s.module.__dict__["_buffers"][s.name] = _stored(view, gen)
+        self._flat = flat
+        self._slot_list = slots
+        self._live = live
+        self._snapshot = flat.clone()
+        self._entries: dict = {}
+        self._version += 1
+        self._layout_gen = gen.n
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        g = self.gravity
+        self._store_dtype, self._store_device = g.dtype, g.device
+        self._relayout(adopt=True)
+        return out
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        g = self.gravity
+        self._store_dtype, self._store_device = g.dtype, g.device
+        self._dm_gen = _Generation()
+        self._relayout(adopt=True)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        for key in ("_flat", "_snapshot", "_entries", "_live", "_slot_list"):
+            state.pop(key, None)
+        return state
+
+    @property
+    def param_version(self) -> int:
+        """A counter that grows whenever a parameter value or the parameter layout changes (as seen
+        by the next :meth:`model_tensors` call)."""
+        self.model_tensors()
+        return self._version
+
+    def raw_parameters(self) -> RawParameters:
+        """The raw values, one tensor per kind, in the model's dtype and device; learnable values
+        keep their graph."""
+        flat = self._flat
+        parts = {}
+        off = 0
+        nl, nJ = len(self.links), len(self.joints)
+        for kind, shape in _LINK_SHAPES.items():
+            n = nl * math.prod(shape)
+            parts[kind] = flat[off:off + n].view(nl, *shape)
+            off += n
+        for kind, shape in _JOINT_SHAPES.items():
+            n = nJ * math.prod(shape)
+            parts[kind] = flat[off:off + n].view(nJ, *shape)
+            off += n
+        parts["gravity"] = flat[off:off + 3]
+        if self._live:
+            groups: dict[str, tuple[list[int], list[Tensor]]] = {}
+            sources: dict[int, tuple] = {}
+            for s in self._live:
+                m = s.module
+                if s.kind in LINK_PARAMS and getattr(m, "inertial_source", None) is not None:
+                    if s.index not in sources:
+                        sources[s.index] = m.inertial_source()
+                    value = sources[s.index][LINK_PARAMS.index(s.kind)]
+                else:
+                    value = getattr(m, s.name)
+                if not isinstance(value, Tensor) or tuple(value.shape) != s.shape:
+                    where = f"link '{self.link_names[s.index]}'" if s.kind in LINK_PARAMS else (
+                        "gravity" if s.kind == "gravity" else f"joint '{self.all_joint_names[s.index]}'")
+                    raise ModelError(f"{self.name}: {where}: parameter '{s.name}' must be a tensor of shape "
+                                     f"{s.shape}, got {getattr(value, 'shape', type(value).__name__)}")
+                value = value.to(dtype=flat.dtype, device=flat.device)
+                if s.kind == "gravity":
+                    parts["gravity"] = value
+                    continue
+                idx, vals = groups.setdefault(s.kind, ([], []))
+                idx.append(s.index)
+                vals.append(value)
+            for kind, (idx, vals) in groups.items():
+                index = torch.tensor(idx, dtype=torch.long, device=flat.device)
+                parts[kind] = parts[kind].index_put((index,), torch.stack(vals))
+        return RawParameters(**parts)
+
+    def _read_direct(self) -> RawParameters:
+        """The raw values read from the modules one by one (no store), for functorch transforms."""
+        per_kind: dict[str, list[Tensor]] = {k: [] for k in RawParameters._fields}
+        sources: dict[int, tuple] = {}
+        dtype, device = self._store_dtype, self._store_device
+        for s in self._slots():
+            m = s.module
+            if s.kind in LINK_PARAMS and getattr(m, "inertial_source", None) is not None:
+                if s.index not in sources:
+                    sources[s.index] = m.inertial_source()
+                value = sources[s.index][LINK_PARAMS.index(s.kind)]
+            else:
+                value = getattr(m, s.name)
+            if isinstance(value, StoredTensor):
+                value = value.as_subclass(torch.Tensor)
+            per_kind[s.kind].append(value.to(dtype=dtype, device=device))
+        return RawParameters(**{k: (v[0] if k == "gravity" else torch.stack(v)) for k, v in per_kind.items()})
+
+    def model_tensors(self, dtype: torch.dtype | None = None, device=None) -> ModelTensors:
+        """The constants of the algorithms derived from the current parameters, in ``dtype`` on
+        ``device`` (default: the model's), differentiably w.r.t. learnable parameters.
+
+        Cached while every raw value is a frozen store view; any change is seen (module docstring).
+        """
+        dtype = dtype or self._store_dtype
+        if device is None:
+            device = self._store_device
+        elif not isinstance(device, torch.device):
+            device = torch.device(device)
+        if torch._C._are_functorch_transforms_active():
+            # Inside vmap / grad / jvp (functional_call of an ensemble, a regressor by jacfwd) the
+            # tensors may be wrapped per transform level: read every value where it is, touch nothing.
+            return self._derive(dtype, device, direct=True)
+        if self._dm_gen.n != self._layout_gen:
+            self._relayout(adopt=False)
+        if self._live:
+            self._version += 1
+            return self._derive(dtype, device)
+        if not torch.equal(self._flat, self._snapshot):
+            self._snapshot = self._flat.clone()
+            self._entries = {}
+            self._version += 1
+        key = (dtype, device)
+        mt = self._entries.get(key)
+        if mt is None:
+            # Cached values carry no graph and must outlive an inference_mode block.
+            with torch.inference_mode(False), torch.no_grad():
+                mt = self._derive(dtype, device)
+            self._entries[key] = mt
+        return mt
+
+    def _derive(self, dtype: torch.dtype, device: torch.device, direct: bool = False) -> ModelTensors:
+        raw = self._read_direct() if direct else self.raw_parameters()
+        if not direct:
+            self._check_finite(raw)
+        mt = derive_tensors(self.tree, raw)
+        if mt.gravity.dtype != dtype or mt.gravity.device != device:
+            mt = ModelTensors(*[t.to(dtype=dtype, device=device) for t in mt])
+        return mt
+
+    def _check_finite(self, raw: RawParameters) -> None:
+        if all(bool(torch.isfinite(t).all()) for t in raw):
+            return
+        for kind, t in zip(RawParameters._fields, raw):
+            bad = (~torch.isfinite(t.detach())).reshape(t.shape[0], -1).any(-1) if t.dim() else None
+            if kind == "gravity":
+                if not bool(torch.isfinite(t).all()):
+                    raise ModelError(f"{self.name}: gravity is not finite: {t.detach().tolist()}")
+                continue
+            if bad is not None and bool(bad.any()):
+                i = int(bad.nonzero()[0, 0])
+                where = f"link '{self.link_names[i]}'" if kind in LINK_PARAMS else f"joint '{self.all_joint_names[i]}'"
+                raise ModelError(f"{self.name}: {where}: parameter '{kind}' is not finite: {t[i].detach().tolist()}")
+
+    # ------------------------------------------------------------------ parameter API
+    def link_params(self, link: str | int) -> LinkParams:
+        """The parameter module of ``link``."""
+        return self.links[self.tree.link(link)]
+
+    def joint_params(self, joint: str) -> JointParams:
+        """The parameter module of ``joint`` (moving or fixed)."""
+        return self.joints[self.tree.joint(joint)]
+
+    def link_index(self, link: str | int) -> int:
+        """Index of ``link`` in :attr:`link_names` (names or indices accepted)."""
+        return self.tree.link(link)
+
+    def param_owner(self, link: str | int, name: str) -> tuple[nn.Module, str]:
+        """The module holding parameter ``name`` of ``link`` (its joint's module for joint
+        parameters: the joint whose child is ``link``) and the canonical parameter name."""
+        name = ALIASES.get(name, name)
+        li = self.tree.link(link)
+        if name in LINK_PARAMS:
+            return self.links[li], name
+        if name in JOINT_PARAMS:
+            if li == 0:
+                raise ModelError(f"{self.name}: link '{self.link_names[0]}' is the root link and has no parent "
+                                 f"joint with '{name}'")
+            return self.joints[li - 1], name
+        raise ModelError(f"{self.name}: unknown link parameter '{name}'; choose from {LINK_PARAMS + JOINT_PARAMS}")
+
+    def make_link_param_learnable(self, link: str, name: str, parametrization: nn.Module | None = None) -> None:
+        """Turn one physical parameter of ``link`` into a trainable ``nn.Parameter``.
+
+        Args:
+            link: link name.
+            name: ``mass``, ``com``, ``inertia`` (link inertial), or ``origin_xyz``, ``origin_rpy``,
+                ``damping``, ``friction``, ``stiffness``, ``rest`` (of the joint whose child is
+                ``link``). differentiable-robot-model's names (``inertia_mat``, ``trans``,
+                ``rot_angles``, ``joint_damping``) are accepted too.
+            parametrization: optional ``nn.Module`` mapping an unconstrained tensor to the
+                parameter (e.g. :class:`diffmech.model.params.PositiveScalar`); it is registered
+                with ``torch.nn.utils.parametrize``, and its ``right_inverse`` (if any) sets the
+                initial value from the current one.
+        """
+        module, name = self.param_owner(link, name)
+        if name in LINK_PARAMS and getattr(module, "inertial_source", None) is not None:
+            raise ModelError(
+                f"{self.name}: the inertial parameters of link '{link}' are already learnable jointly "
+                f"({type(module.inertial_source).__name__}); '{name}' is not read separately"
+            )
+        if parametrize.is_parametrized(module, name):
+            parametrize.remove_parametrizations(module, name, leave_parametrized=True)
+        value = getattr(module, name).detach().clone().as_subclass(torch.Tensor)
+        if name in module._buffers:
+            del module._buffers[name]
+        elif name in module._parameters:
+            del module._parameters[name]
+        module.register_parameter(name, nn.Parameter(value))
+        if parametrization is not None:
+            parametrize.register_parametrization(module, name, parametrization)
+
+    def freeze_link_param(self, link: str, name: str) -> None:
+        """Stop training a parameter made learnable by :meth:`make_link_param_learnable`.
+
+        For a link whose inertial parameters are learnable jointly (``inertial_source``), freezing
+        ``mass``, ``com`` or ``inertia`` freezes all ten of them.
+        """
+        self._set_trainable(link, name, False)
+
+    def unfreeze_link_param(self, link: str, name: str) -> None:
+        """Train again a parameter made learnable and then frozen (:meth:`freeze_link_param`)."""
+        self._set_trainable(link, name, True)
+
+    def _set_trainable(self, link: str, name: str, flag: bool) -> None:
+        module, name = self.param_owner(link, name)
+        source = getattr(module, "inertial_source", None) if name in LINK_PARAMS else None
+        if source is not None:
+            source.requires_grad_(flag)
+        elif parametrize.is_parametrized(module, name):
+            for p in module.parametrizations[name].parameters():
+                p.requires_grad_(flag)
+        elif name in module._parameters:
+            module._parameters[name].requires_grad_(flag)
+        elif flag:
+            raise ModelError(f"{self.name}: parameter '{name}' of link '{link}' is not learnable; "
+                             "call make_link_param_learnable first")
+
+    # differentiable-robot-model spellings
+    freeze_learnable_link_param = freeze_link_param
+    unfreeze_learnable_link_param = unfreeze_link_param
+
+    def learnable_parameters(self) -> dict[str, Tensor]:
+        """Trainable tensors by qualified name (``links.3.mass``, ...)."""
+        return {n: p for n, p in self.named_parameters() if p.requires_grad}
+
+    def set_gravity(self, gravity) -> None:
+        """Set the gravity vector (3,), m/s^2, world frame."""
+        g = torch.as_tensor(gravity, dtype=self.gravity.dtype, device=self.gravity.device)
+        if g.shape != (3,):
+            raise ModelError(f"gravity must have shape (3,), got {tuple(g.shape)}")
+        with torch.no_grad():
+            self.gravity.copy_(g)
+
+    # ------------------------------------------------------------------ summaries
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._store_dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._store_device
+
+    @property
+    def n_links(self) -> int:
+        return len(self.link_names)
+
+    def total_mass(self) -> Tensor:
+        """Sum of all link masses, kg (including links fixed to the world)."""
+        return self.model_tensors().link_mass.sum()
+
+    def joint_limits(self) -> dict[str, Tensor]:
+        """``lower``, ``upper``, ``velocity``, ``effort`` limits, each ``(nj,)`` in joint order."""
+        return {
+            "lower": self.position_lower, "upper": self.position_upper,
+            "velocity": self.velocity_limit, "effort": self.effort_limit,
+        }
+
+    def neutral_configuration(self) -> Tensor:
+        """``q`` with zero joint angles and identity base orientation, ``(nq,)``."""
+        q = torch.zeros(self.nq, dtype=self.dtype, device=self.device)
+        if self.floating_base:
+            q[6] = 1.0
+        return q
+
+    def random_configuration(self, *batch: int, generator: torch.Generator | None = None) -> Tensor:
+        """Random ``q (*batch, nq)``: joints uniform within limits (``[-pi, pi]`` where unbounded),
+        base position in ``[-1, 1]^3`` and a uniform random unit quaternion."""
+        kw = dict(dtype=self.dtype, device=self.device)
+        lo = torch.where(torch.isfinite(self.position_lower), self.position_lower, -math.pi).to(**kw)
+        hi = torch.where(torch.isfinite(self.position_upper), self.position_upper, math.pi).to(**kw)
+        u = torch.rand(*batch, self.nj, generator=generator, **kw)
+        qj = lo + (hi - lo) * u
+        if not self.floating_base:
+            return qj
+        pos = 2 * torch.rand(*batch, 3, generator=generator, **kw) - 1
+        quat = torch.randn(*batch, 4, generator=generator, **kw)
+        quat = quat / quat.norm(dim=-1, keepdim=True)
+        return torch.cat([pos, quat, qj], dim=-1)
+
+    def summary(self) -> dict:
+        """Plain-data summary: name, counts, total mass, joint types."""
+        types: dict[str, int] = {}
+        for t in self.tree.joint_kinds:
+            types[t] = types.get(t, 0) + 1
+        return {
+            "name": self.name, "links": self.n_links, "bodies": self.nb, "nq": self.nq, "nv": self.nv,
+            "floating_base": self.floating_base, "total_mass": float(self.total_mass()), "joint_types": types,
+        }
+
+    def extra_repr(self) -> str:
+        return (f"name={self.name!r}, links={self.n_links}, nq={self.nq}, nv={self.nv}, "
+                f"floating_base={self.floating_base}")

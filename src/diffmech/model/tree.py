@@ -1,0 +1,413 @@
+"""``KinematicTree``: the immutable description of a robot's tree, separate from its parameter values.
+
+As Pinocchio's ``Model`` topology and MJX's static ``Model`` fields: what the algorithms need to
+know about a tree that never changes -- topology, joint types and axes, the coordinate layout and
+the index tables the batched algorithms use -- is plain Python data fixed at construction. The
+values (masses, inertias, placements, passive terms, gravity) live elsewhere
+(:class:`~diffmech.model.parameters.RobotParameters` holds them and produces
+:class:`~diffmech.model.parameters.ModelTensors`), so that algorithms are pure functions of
+``(tree, values, state)``.
+
+Bodies vs links: links joined by ``fixed`` joints are merged into one rigid *body* (as Pinocchio
+does), so the dynamics loops run over moving bodies only; every link keeps its own frame for
+kinematics. A link that carries no moving joint above it is attached to the world (body ``-1``).
+
+Generalised coordinates: ``q = [q_base (7), q_joints]`` with ``q_base = (x, y, z, qx, qy, qz, qw)``
+when ``floating_base`` is set; one coordinate per revolute/continuous/prismatic joint in
+``joint_names`` order. ``v = [v_base (6), v_joints]`` with ``v_base = (linear; angular)`` velocity of
+the root link in its own frame (Pinocchio's free-flyer convention).
+
+:attr:`KinematicTree.structure_hash` identifies everything generated code depends on (topology,
+joint kinds, coordinate layout) and nothing else: two robots with the same tree shape share native
+kernels whatever their names, dimensions and masses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import threading
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..errors import ModelError
+from .spec import JOINT_TYPES, JointSpec, LinkSpec, RobotSpec
+
+__all__ = ["KinematicTree", "TreeTables"]
+
+
+@dataclass(frozen=True)
+class TreeTables:
+    """Index tables of a tree as tensors on one device (masks in one floating dtype).
+
+    Attributes:
+        mask_bd: (nb, nv) ``1`` where DoF ``d`` moves body ``i`` (an ancestor sum is ``mask_bd @ x``).
+        mask_db: (nv, nb) its transpose (a subtree sum).
+        crba_d, crba_e: (npairs,) long, the pairs ``(d, e)`` of DoFs with ``d``'s body at or above
+            ``e``'s, whose mass-matrix entries CRBA computes.
+        crba_scatter: (nv * nv, npairs) places each pair's value at ``(d, e)`` and ``(e, d)``.
+        dof_body: (nv,) long, the body each DoF moves.
+        jumps: (k, nb + 1) long, pointer-jumping table: row ``k`` maps each body (and the world,
+            index ``nb``) to its ancestor ``2^k`` levels up, the world once past the root.
+        link_body: (n_links,) long, each link's body (``-1``: fixed to the world).
+        axes: (nj, 3) unit joint axes; prismatic: (nj,) ``1.0`` on prismatic joints.
+        moving_links, moving_link_body: (k,) long, the links that move and their bodies.
+        body_joint, body_joint_parent_link: (nj,) long, see :class:`KinematicTree`.
+        fixed_levels: per fixed depth, ``(links, parent links, joints)`` as long tensors.
+    """
+
+    mask_bd: Tensor
+    mask_db: Tensor
+    crba_d: Tensor
+    crba_e: Tensor
+    crba_scatter: Tensor
+    dof_body: Tensor
+    jumps: Tensor
+    link_body: Tensor
+    axes: Tensor
+    prismatic: Tensor
+    moving_links: Tensor
+    moving_link_body: Tensor
+    body_joint: Tensor
+    body_joint_parent_link: Tensor
+    fixed_levels: tuple
+
+
+class KinematicTree:
+    """The immutable structure of a kinematic tree.
+
+    Build one from a :class:`~diffmech.model.spec.RobotSpec` (or get ``robot.tree``). Every
+    attribute is plain Python data (ints, tuples); :meth:`tables` gives the index tables as tensors.
+
+    Attributes:
+        name, source: robot name and where the description came from (error messages).
+        floating_base: whether the root link is attached to the world by a free joint.
+        nfree: ``1`` with a floating base, else ``0``.
+        link_names: all links in depth-first order (the order of ``forward_kinematics`` outputs).
+        all_joint_names: every joint (fixed ones too), in the order of its child link
+            (``link_names[1:]``); ``joint_kinds`` their types.
+        joint_names: the moving joints, in ``q``/``v`` order; ``joint_types`` their types.
+        nq, nv, nb, nj, n_links: sizes of ``q``, ``v``; moving bodies; one-DoF bodies; links.
+        link_parent: parent link of each link (``-1`` for the root).
+        link_body: the body each link belongs to (``-1``: fixed to the world).
+        body_parent: parent body of each body (``-1``: hangs from the world).
+        body_joint: for each one-DoF body, the index of its joint in ``all_joint_names``.
+        body_depth: depth of each body (0 for bodies hanging from the world).
+        dof_body: the body moved by each DoF.
+        levels: per depth, ``(bodies, their parents)``.
+        level_dofs: per depth, the DoF index of each of its one-DoF bodies.
+        aba_gather: DoF order from ABA's root-first, level-by-level order.
+        crba_pairs: the ``(d, e)`` pairs of :class:`TreeTables`.
+        jumps: the pointer-jumping rows of :class:`TreeTables`.
+        world_links: links fixed to the world; moving_links: the others.
+        fixed_levels: per fixed depth ``d >= 1``, ``(links, their parent links, their joints)`` of the
+            links ``d`` fixed joints below their body's frame (offsets are composed level by level).
+        body_joint_parent_link: the parent link of each one-DoF body's joint.
+        q_joint_start, v_joint_start: first joint coordinate in ``q`` and ``v`` (7 and 6 with a
+            floating base).
+        is_prismatic: per one-DoF body; ``any_prismatic``.
+        axes: unit joint axis of each one-DoF body, in its joint frame.
+        lower, upper, velocity, effort: limits per moving joint (``inf`` where absent).
+        structure_hash: hex digest of what generated code depends on (see the module docstring).
+    """
+
+    def __init__(self, spec: RobotSpec, *, floating_base: bool = False):
+        self.name = spec.name
+        self.source = spec.source
+        self.floating_base = bool(floating_base)
+        self._tables: dict = {}
+        self._tables_lock = threading.Lock()
+        self._build(spec)
+
+    # The tree is immutable: attribute writes after construction are refused.
+    def __setattr__(self, key, value):
+        if getattr(self, "_frozen", False):
+            raise AttributeError(f"KinematicTree is immutable (tried to set '{key}')")
+        object.__setattr__(self, key, value)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("_tables", None)
+        state.pop("_tables_lock", None)
+        return state
+
+    def __setstate__(self, state):
+        object.__setattr__(self, "__dict__", dict(state))
+        object.__setattr__(self, "_tables", {})
+        object.__setattr__(self, "_tables_lock", threading.Lock())
+
+    def __deepcopy__(self, memo):
+        return self  # immutable
+
+    def __repr__(self) -> str:
+        return (f"KinematicTree({self.name!r}, links={self.n_links}, bodies={self.nb}, nq={self.nq}, nv={self.nv}, "
+                f"floating_base={self.floating_base})")
+
+    # ------------------------------------------------------------------ construction
+    def _build(self, spec: RobotSpec) -> None:
+        src = spec.source
+        names = [link.name for link in spec.links]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ModelError(f"{src}: duplicate link name(s) {sorted(dup)}")
+        jnames = [j.name for j in spec.joints]
+        dupj = {n for n in jnames if jnames.count(n) > 1}
+        if dupj:
+            raise ModelError(f"{src}: duplicate joint name(s) {sorted(dupj)}")
+        by_name = {link.name: link for link in spec.links}
+        if not spec.links:
+            raise ModelError(f"{src}: the robot has no links")
+        parent_joint: dict[str, JointSpec] = {}
+        children: dict[str, list[JointSpec]] = {n: [] for n in names}
+        for j in spec.joints:
+            if j.type not in JOINT_TYPES:
+                raise ModelError(
+                    f"{src}: joint '{j.name}' has type '{j.type}'; supported types are {', '.join(JOINT_TYPES)}"
+                )
+            for role, link in (("parent", j.parent), ("child", j.child)):
+                if link not in by_name:
+                    raise ModelError(f"{src}: joint '{j.name}' names {role} link '{link}', which does not exist")
+            if j.child in parent_joint:
+                raise ModelError(
+                    f"{src}: link '{j.child}' is the child of two joints ('{parent_joint[j.child].name}' and "
+                    f"'{j.name}'): a kinematic tree allows one parent per link (closed loops are not supported)"
+                )
+            if j.type != "fixed":
+                axis = list(map(float, j.axis))
+                norm = math.sqrt(sum(a * a for a in axis))
+                if not norm > 1e-12 or not math.isfinite(norm):
+                    raise ModelError(f"{src}: joint '{j.name}' has a zero or invalid axis {tuple(j.axis)}")
+            if j.type in ("prismatic", "revolute") and j.lower > j.upper:
+                raise ModelError(f"{src}: joint '{j.name}' has lower limit {j.lower} > upper limit {j.upper}")
+            if getattr(j, "mimic", None) is not None:
+                raise ModelError(
+                    f"{src}: joint '{j.name}' mimics '{j.mimic[0]}'; mimic joints are not supported by this model"
+                )
+            parent_joint[j.child] = j
+            children[j.parent].append(j)
+        roots = [n for n in names if n not in parent_joint]
+        if len(roots) == 0:
+            raise ModelError(
+                f"{src}: no root link (every link has a parent): the joints form a cycle through links "
+                f"{_cycle_from(names[0], parent_joint)}"
+            )
+        if len(roots) > 1:
+            raise ModelError(f"{src}: the links form {len(roots)} trees, with roots {roots}; expected one root link")
+        for link in spec.links:
+            if link.mass < 0 or not math.isfinite(link.mass):
+                raise ModelError(f"{src}: link '{link.name}' has invalid mass {link.mass}")
+            _check_inertia(src, link)
+
+        # Depth-first order from the root (children in file order), as Pinocchio numbers joints.
+        order: list[str] = []
+        stack = [roots[0]]
+        while stack:
+            name = stack.pop()
+            order.append(name)
+            stack.extend(j.child for j in reversed(children[name]))
+        if len(order) != len(names):
+            missing = sorted(set(names) - set(order))
+            raise ModelError(
+                f"{src}: links {missing} are not reachable from root '{roots[0]}': the joints form a cycle "
+                f"through links {_cycle_from(missing[0], parent_joint)}"
+            )
+        link_specs = [by_name[n] for n in order]
+        joint_specs = [parent_joint[n] for n in order[1:]]  # in the order of their child link
+        for link in link_specs:
+            if not link.has_inertial:
+                warnings.warn(f"{src}: link '{link.name}' has no <inertial>: treated as massless", stacklevel=5)
+        link_index = {n: i for i, n in enumerate(order)}
+
+        # Bodies: the floating root (if any), then one per moving joint in depth-first order.
+        nfree = 1 if self.floating_base else 0
+        body_parent: list[int] = [-1] * nfree
+        link_body: list[int] = [0 if self.floating_base else -1]
+        link_parent: list[int] = [-1]
+        body_joint: list[int] = []
+        for k, j in enumerate(joint_specs):
+            pl = link_index[j.parent]
+            link_parent.append(pl)
+            if j.type == "fixed":
+                link_body.append(link_body[pl])
+            else:
+                body_parent.append(link_body[pl])
+                body_joint.append(k)
+                link_body.append(len(body_parent) - 1)
+        nb, nj = len(body_parent), len(body_joint)
+        if nb == 0:
+            raise ModelError(f"{src}: the robot has no moving joint (and no floating base): nothing to simulate")
+        nq, nv = 7 * nfree + nj, 6 * nfree + nj
+
+        depth: list[int] = []
+        for p in body_parent:
+            depth.append(0 if p < 0 else depth[p] + 1)
+        levels = []
+        for d in range(max(depth) + 1):
+            idx = tuple(b for b in range(nb) if depth[b] == d)
+            levels.append((idx, tuple(body_parent[b] for b in idx)))
+
+        # ancestors[i][j]: body j is body i or one of its ancestors
+        anc = [[False] * nb for _ in range(nb)]
+        for i in range(nb):
+            j = i
+            while j >= 0:
+                anc[i][j] = True
+                j = body_parent[j]
+        dof_body = [0] * (6 * nfree) + [nfree + k for k in range(nj)]
+        pairs = tuple((d, e) for e in range(nv) for d in range(nv) if anc[dof_body[e]][dof_body[d]])
+        dof0 = 5 * nfree  # the DoF of one-DoF body b is b + 5 * nfree
+        level_dofs = tuple(tuple(b + dof0 for b in idx) for idx, _ in levels)
+        aba_order = list(range(6 * nfree))
+        for idx, _ in levels:
+            if not (nfree and idx == (0,)):
+                aba_order.extend(b + dof0 for b in idx)
+        aba_gather = tuple(aba_order.index(d) for d in range(nv))
+        up = [p if p >= 0 else nb for p in body_parent] + [nb]
+        jumps = []
+        while any(a != nb for a in up):
+            jumps.append(tuple(up))
+            up = [up[a] for a in up]
+
+        # Fixed joints compose link offsets within a body; links at fixed depth d (d fixed joints below
+        # their body's frame) are placed together once depth d - 1 is known.
+        fixed_depth = [0]
+        for j in joint_specs:
+            fixed_depth.append(fixed_depth[link_index[j.parent]] + 1 if j.type == "fixed" else 0)
+        fixed_levels = []
+        for d in range(1, max(fixed_depth) + 1):
+            ls = tuple(i for i in range(1, len(order)) if fixed_depth[i] == d)
+            fixed_levels.append((ls, tuple(link_parent[i] for i in ls), tuple(i - 1 for i in ls)))
+
+        kinds = [joint_specs[k].type for k in body_joint]
+        axes = []
+        for k in body_joint:
+            a = [float(x) for x in joint_specs[k].axis]
+            n = math.sqrt(sum(x * x for x in a))
+            axes.append(tuple(x / n for x in a))
+        lim = lambda attr: tuple(float(getattr(joint_specs[k], attr)) for k in body_joint)  # noqa: E731
+
+        self.link_names = tuple(order)
+        self.link_index = dict(link_index)
+        self.all_joint_names = tuple(j.name for j in joint_specs)
+        self.joint_kinds = tuple(j.type for j in joint_specs)
+        self.joint_index = {j.name: k for k, j in enumerate(joint_specs)}
+        self.joint_parent_link = tuple(link_index[j.parent] for j in joint_specs)
+        self.nfree = nfree
+        self.nb, self.nj, self.nq, self.nv, self.n_links = nb, nj, nq, nv, len(order)
+        self.body_parent = tuple(body_parent)
+        self.link_body = tuple(link_body)
+        self.link_parent = tuple(link_parent)
+        self.body_joint = tuple(body_joint)
+        self.joint_names = tuple(joint_specs[k].name for k in body_joint)
+        self.joint_types = tuple(kinds)
+        self.body_depth = tuple(depth)
+        self.body_ancestors = tuple(tuple(row) for row in anc)
+        self.levels = tuple(levels)
+        self.level_dofs = level_dofs
+        self.dof_body = tuple(dof_body)
+        self.crba_pairs = pairs
+        self.aba_gather = aba_gather
+        self.jumps = tuple(jumps)
+        self.world_links = tuple(i for i, b in enumerate(link_body) if b < 0)
+        self.moving_links = tuple(i for i, b in enumerate(link_body) if b >= 0)
+        self.q_joint_start, self.v_joint_start = 7 * nfree, 6 * nfree
+        self.fixed_levels = tuple(fixed_levels)
+        self.body_joint_parent_link = tuple(link_index[joint_specs[k].parent] for k in body_joint)
+        self.is_prismatic = tuple(t == "prismatic" for t in kinds)
+        self.any_prismatic = any(self.is_prismatic)
+        self.axes = tuple(axes)
+        self.lower, self.upper = lim("lower"), lim("upper")
+        self.velocity, self.effort = lim("velocity"), lim("effort")
+        self.structure_hash = hashlib.sha256(json.dumps({
+            "format": 1, "nfree": nfree, "body_parent": body_parent, "link_body": link_body,
+            "link_parent": link_parent, "kinds": kinds, "n_links": len(order),
+        }, sort_keys=True).encode()).hexdigest()
+        self._frozen = True
+
+    # ------------------------------------------------------------------ lookups
+    def link(self, link: str | int) -> int:
+        """Index of ``link`` in :attr:`link_names` (a name or an index)."""
+        n = len(self.link_names)
+        if isinstance(link, int) and not isinstance(link, bool):
+            if not -n <= link < n:
+                raise ModelError(f"{self.name}: link index {link} out of range (robot has {n} links)")
+            return link % n
+        if link not in self.link_index:
+            raise ModelError(f"{self.name}: no link named '{link}'; links are {list(self.link_names)}")
+        return self.link_index[link]
+
+    def joint(self, joint: str) -> int:
+        """Index of ``joint`` (moving or fixed) in :attr:`all_joint_names`."""
+        if joint not in self.joint_index:
+            raise ModelError(f"{self.name}: no joint named '{joint}'; joints are {list(self.all_joint_names)}")
+        return self.joint_index[joint]
+
+    def tables(self, dtype: torch.dtype, device: torch.device | str | None = None) -> TreeTables:
+        """The index tables as tensors (masks in ``dtype``) on ``device``; built once per pair."""
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        key = (dtype, device)
+        got = self._tables.get(key)
+        if got is not None:
+            return got
+        with self._tables_lock:
+            got = self._tables.get(key)
+            if got is None:
+                got = self._make_tables(dtype, device)
+                self._tables[key] = got
+        return got
+
+    def _make_tables(self, dtype, device) -> TreeTables:
+        nb, nv = self.nb, self.nv
+        A = torch.tensor(self.body_ancestors, dtype=dtype).reshape(nb, nb)
+        db = torch.tensor(self.dof_body, dtype=torch.long)
+        mask_bd = A[:, db].contiguous()  # mask_bd[i, d]: DoF d moves body i
+        scatter = torch.zeros(nv * nv, len(self.crba_pairs), dtype=dtype)
+        for k, (d, e) in enumerate(self.crba_pairs):
+            scatter[d * nv + e, k] = 1
+            if self.dof_body[d] != self.dof_body[e]:
+                scatter[e * nv + d, k] = 1
+        kw = dict(device=device)
+        long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+        return TreeTables(
+            mask_bd=mask_bd.to(**kw), mask_db=mask_bd.T.contiguous().to(**kw),
+            crba_d=torch.tensor([d for d, _ in self.crba_pairs], dtype=torch.long, **kw),
+            crba_e=torch.tensor([e for _, e in self.crba_pairs], dtype=torch.long, **kw),
+            crba_scatter=scatter.to(**kw), dof_body=db.to(**kw),
+            jumps=torch.tensor(self.jumps, dtype=torch.long, **kw).reshape(-1, nb + 1),
+            link_body=long(self.link_body),
+            axes=torch.tensor(self.axes, dtype=dtype, device=device).reshape(self.nj, 3),
+            prismatic=torch.tensor(self.is_prismatic, dtype=dtype, device=device),
+            moving_links=long(self.moving_links),
+            moving_link_body=long([self.link_body[i] for i in self.moving_links]),
+            body_joint=long(self.body_joint), body_joint_parent_link=long(self.body_joint_parent_link),
+            fixed_levels=tuple((long(a), long(b), long(c)) for a, b, c in self.fixed_levels),
+        )
+
+
+def _cycle_from(start: str, parent_joint: dict[str, JointSpec]) -> str:
+    """Walk parents from ``start`` until a link repeats; describe the loop as ``[links] via joints [...]``."""
+    seen: list[str] = []
+    link = start
+    while link not in seen and link in parent_joint:
+        seen.append(link)
+        link = parent_joint[link].parent
+    loop = seen[seen.index(link):] if link in seen else seen
+    return f"{loop} via joints {[parent_joint[n].name for n in loop]}"
+
+
+def _check_inertia(src: str, link: LinkSpec) -> None:
+    I = torch.tensor(link.inertia, dtype=torch.float64)
+    if I.shape != (3, 3) or not torch.isfinite(I).all():
+        raise ModelError(f"{src}: link '{link.name}' has an invalid inertia tensor {link.inertia}")
+    if not torch.allclose(I, I.T, atol=1e-12 * max(1.0, float(I.abs().max()))):
+        raise ModelError(f"{src}: link '{link.name}' has a non-symmetric inertia tensor {I.tolist()}")
+    eig = torch.linalg.eigvalsh(I)
+    if eig.min() < -1e-9 * max(1.0, float(eig.abs().max())):
+        raise ModelError(
+            f"{src}: link '{link.name}' has an inertia tensor that is not positive semi-definite "
+            f"(eigenvalues {[round(float(e), 9) for e in eig]})"
+        )
