@@ -301,6 +301,7 @@ def test_variational_closed_form_derivatives(key):
     q, v, _, f = random_state(robot, (3,), seed=5)
     close = lambda a, b: (a - b).abs().max() <= 1e-13 * (1 + b.abs().max())
     at = lambda y: _LagrangianPass(_Configuration(robot, y), v, None, True)
+    mass = lambda y: crba_flat(robot.tree, robot.model_tensors(), y)  # noqa: E731
     for f_ext in (None, f):
         lp = _LagrangianPass(_Configuration(robot, q), v, f_ext, True)
         qg, vg = q.clone().requires_grad_(True), v.clone().requires_grad_(True)
@@ -311,7 +312,6 @@ def test_variational_closed_form_derivatives(key):
         assert close(lp.bias(), rnea_flat(robot.tree, robot.model_tensors(), q, v, zero, f_ext))
         assert close(lp.conf.mass(), crba_flat(robot.tree, robot.model_tensors(), q))
         K, T_qq, U_qq = lp.second_derivatives()
-        mass = lambda y: crba_flat(robot.tree, robot.model_tensors(), y)  # noqa: E731
         assert close(K, batched_jacobian(lambda y: (mass(y) @ v[..., None])[..., 0], q))
         assert close(T_qq, batched_jacobian(lambda y: at(y).dT_dq, q))
         assert close(U_qq, batched_jacobian(lambda y: at(y).rest, q))
