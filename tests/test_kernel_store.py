@@ -279,6 +279,19 @@ def test_home_unset_uses_the_password_database(tmp_path, monkeypatch):
         assert stat.S_IMODE(d.stat().st_mode) == 0o700
 
 
+def test_no_home_anywhere_falls_back(tmp_path, monkeypatch):
+    def no_entry(uid):
+        raise KeyError(uid)
+
+    monkeypatch.setattr(ks.pwd, "getpwuid", no_entry)
+    for var in ("HOME", "DIFFMECH_CACHE_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.warns(ks.KernelCacheWarning, match="password database"):
+        root = ks.cache_root()
+    assert root.is_absolute() and not root.is_relative_to(tmp_path) and stat.S_IMODE(root.stat().st_mode) == 0o700
+
+
 def test_xdg_cache_home(tmp_path, monkeypatch):
     monkeypatch.delenv("DIFFMECH_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

@@ -36,13 +36,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
-import fcntl
 import functools
 import hashlib
 import json
 import os
 import platform
-import pwd
 import re
 import secrets
 import shlex
@@ -59,6 +57,12 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..errors import DiffmechError
+
+try:  # POSIX only; elsewhere no native kernels, but the package still imports
+    import fcntl
+    import pwd
+except ImportError:  # pragma: no cover
+    fcntl = pwd = None
 
 __all__ = [
     "NativeUnavailable", "KernelCacheWarning", "FLAGS", "MVEC_FLAGS", "STORE_FORMAT",
@@ -105,6 +109,8 @@ def compiler_command() -> list[str] | None:
     Returns:
         The command as a list of words, or ``None`` where none of them exists.
     """
+    if fcntl is None:  # the store needs flock, uids and dlopen semantics
+        return None
     found = _resolve_compiler(os.environ.get("CC"), os.environ.get("PATH"))
     return list(found) if found is not None else None
 
@@ -146,6 +152,7 @@ def _machine_key(cmd: tuple[str, ...]) -> str:
                       shlex.join(FLAGS), shlex.join(MVEC_FLAGS)])
 
 
+@functools.lru_cache(maxsize=4096)
 def _digest(key: str, cmd: tuple[str, ...]) -> str:
     return hashlib.sha256(f"{_machine_key(cmd)}\nkey {key}".encode()).hexdigest()[:32]
 
@@ -174,10 +181,13 @@ def _home() -> str:
     if home and os.path.isabs(home):
         return home
     try:
-        return pwd.getpwuid(os.getuid()).pw_dir
+        home = pwd.getpwuid(os.getuid()).pw_dir
     except KeyError:
-        raise _Refused(f"HOME is {'unset' if home is None else repr(home)} and uid {os.getuid()} has no "
-                       "entry in the password database") from None
+        home = None
+    if not home or not os.path.isabs(home):
+        raise _Refused(f"HOME is {os.environ.get('HOME')!r} and the password database gives no absolute home "
+                       f"for uid {os.getuid()}")
+    return home
 
 
 def _dir_problem(path: Path) -> str | None:
@@ -391,7 +401,7 @@ def _compile_and_store(cmd: tuple[str, ...], source: str, meta: dict, key: str, 
         raise NativeUnavailable(f"{label}: cannot make a build directory in {root}: {err.strerror or err}") from None
     try:
         src, out = tmp / "kernel.c", tmp / "kernel.so"
-        src.write_text(source)
+        src.write_text(source, encoding="utf-8")
         res = None
         for extra in (MVEC_FLAGS, []):
             try:
@@ -472,15 +482,17 @@ def load_kernel(key: str, build: Callable[[], tuple[str, dict]], *, name: str = 
     Raises:
         NativeUnavailable: no C compiler; the compile failed (the message ends with the compiler's
             error output); a freshly built library does not load; no cache location is usable.
+            Exceptions raised by ``build`` (a ``NativeUnavailable`` for source it cannot generate)
+            pass through.
     """
-    label = f"native kernel '{name}'"
-    cmd = compiler_command()
-    if cmd is None:
-        raise NativeUnavailable(f"{label}: no C compiler (looked for $CC, Python's compiler, cc, gcc on PATH)")
-    digest = _digest(key, tuple(cmd))
-    hit = _MEMO.get(digest)
+    cmd = _resolve_compiler(os.environ.get("CC"), os.environ.get("PATH")) if fcntl is not None else None
+    hit = _MEMO.get(_digest(key, cmd)) if cmd is not None else None
     if hit is not None:
         return hit
+    label = f"native kernel '{name}'"
+    if cmd is None:
+        raise NativeUnavailable(f"{label}: no C compiler (looked for $CC, Python's compiler, cc, gcc on PATH)")
+    digest = _digest(key, cmd)
     root = cache_root()
     lib_path = root / f"{digest}.so"
     with _locked(root / f"{digest}.lock", label):
@@ -506,7 +518,7 @@ def load_kernel(key: str, build: Callable[[], tuple[str, dict]], *, name: str = 
             meta = json.loads(json.dumps(meta))  # the same value as a later load reads from the sidecar
         except (TypeError, ValueError) as err:
             raise TypeError(f"{label}: build()'s metadata is not JSON-serialisable: {err}") from None
-        _compile_and_store(tuple(cmd), source, meta, key, digest, root, label)
+        _compile_and_store(cmd, source, meta, key, digest, root, label)
         record, ident, why = _verify(root, digest)
         if record is None:
             raise NativeUnavailable(f"{label}: {lib_path} changed after it was built ({why})")
