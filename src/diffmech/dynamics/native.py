@@ -12,9 +12,9 @@ Why not ``torch.compile``: Inductor does fuse a lane program into one loop (with
 lifted), but it spends ~30 ms per node doing so: 3 minutes for the iiwa's ABA (6.6k nodes), cold,
 per batch shape. The C compiler takes 2-7 s for the same code, and the kernel takes any batch size.
 
-Kernels are cached on disk (``$DIFFMECH_CACHE_DIR``, default ``~/.cache/diffmech``) under a hash of
-their source, the compiler and the CPU. Threads: the batch is split into one contiguous range per
-thread (``torch.get_num_threads()``); the call releases the GIL.
+Kernels are stored on disk per user (``$DIFFMECH_CACHE_DIR``, default ``~/.cache/diffmech``; see
+:mod:`.kernel_store`) under a hash of their source, the compiler and the CPU. Threads: the batch is
+split into one contiguous range per thread (``torch.get_num_threads()``); the call releases the GIL.
 """
 
 from __future__ import annotations
@@ -24,20 +24,15 @@ import functools
 import hashlib
 import operator
 import os
-import platform
-import shutil
-import subprocess
-import sysconfig
-import tempfile
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from ..errors import DiffmechError
+from .kernel_store import FLAGS as _FLAGS  # noqa: F401  (kept importable from here)
+from .kernel_store import MVEC_FLAGS as _MVEC  # noqa: F401
+from .kernel_store import NativeUnavailable, available, compiler_command, load_kernel
 
 __all__ = ["LaneKernel", "NativeUnavailable", "compiler", "available"]
 
@@ -51,78 +46,23 @@ TILE = 16
 # takes gcc over a minute (register allocation on one huge block); values live across loops go
 # through a scratch array in cache.
 SEGMENT = int(os.environ.get("DIFFMECH_SEGMENT", 1500))
-_FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-std=c11", "-shared", "-fPIC"]
 _CTYPES = {torch.float64: "double", torch.float32: "float"}
-_MVEC = ["-DDIFFMECH_MVEC", "-fno-builtin-sin", "-fno-builtin-cos", "-fno-builtin-sinf", "-fno-builtin-cosf", "-lmvec"]
 
 
-class NativeUnavailable(DiffmechError):
-    """No native kernel: no C compiler, a device other than the CPU, or an operation the code
-    generator does not know (the callers then use the torch implementation)."""
-
-
-@functools.cache
 def compiler() -> str | None:
-    """The C compiler used for native kernels (``$CC``, Python's own, ``cc``, ``gcc``), or ``None``."""
-    candidates = [os.environ.get("CC"), (sysconfig.get_config_var("CC") or "").split(" ")[0], "cc", "gcc"]
-    for c in candidates:
-        if c and shutil.which(c):
-            return shutil.which(c)
-    return None
-
-
-def available() -> bool:
-    """Whether native kernels can be built on this machine."""
-    return compiler() is not None
-
-
-@functools.cache
-def _machine_key() -> str:
-    """What the compiled code depends on besides its source: compiler version and CPU features."""
-    cc = compiler()
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout if cc else ""
-    cpu = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        pass
-    return "|".join([version, platform.machine(), platform.processor(), cpu, " ".join(_FLAGS)])
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("DIFFMECH_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "diffmech")
-    path = Path(root) / "kernels"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-_BUILD_LOCK = threading.Lock()
+    """The C compiler used for native kernels (the first word of :func:`.kernel_store.compiler_command`),
+    or ``None``."""
+    cmd = compiler_command()
+    return cmd[0] if cmd else None
 
 
 def _build(source: str) -> ctypes.CDLL:
-    """Compile ``source`` into a shared library (or reuse the cached one) and load it."""
-    cc = compiler()
-    if cc is None:
+    """Compile ``source`` into a shared library (or load the stored one, see :mod:`.kernel_store`)."""
+    if compiler() is None:  # looked up here, so that a test can stand in for the compiler
         raise NativeUnavailable("native kernels need a C compiler (set $CC, or install gcc)")
-    digest = hashlib.sha256((_machine_key() + "\n" + source).encode()).hexdigest()[:24]
-    path = _cache_dir() / f"lane_{digest}.so"
-    with _BUILD_LOCK:
-        if not path.exists():
-            with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-                src = Path(tmp) / "kernel.c"
-                src.write_text(source)
-                out = Path(tmp) / "kernel.so"
-                res = None
-                for extra in (_MVEC, []):  # without libmvec, sin/cos are scalar libm calls (slower)
-                    res = subprocess.run([cc, *_FLAGS, *extra, str(src), "-o", str(out), "-lm"],
-                                         capture_output=True, text=True)
-                    if res.returncode == 0:
-                        break
-                if res.returncode != 0:
-                    raise NativeUnavailable(f"compiling a native kernel with {cc} failed:\n{res.stderr[-2000:]}")
-                os.replace(out, path)  # atomic: a concurrent process sees the whole file or none
-    return ctypes.CDLL(str(path))
+    key = hashlib.sha256(source.encode()).hexdigest()
+    lib, _ = load_kernel(key, lambda: (source, {}), name="lane kernel")
+    return lib
 
 
 # ---------------------------------------------------------------- code generation
