@@ -29,13 +29,48 @@ pin = pytest.importorskip("pinocchio")
 FRAMES = {"world_aligned": "LOCAL_WORLD_ALIGNED", "local": "LOCAL", "world": "WORLD"}
 
 
+def pinocchio_model(path, floating_base: bool = False, mimic: bool = False):
+    """Pinocchio's model of the URDF file ``path``.
+
+    ``floating_base``: a free-flyer root joint (``q[:7] = (x, y, z, qx, qy, qz, qw)``).
+    ``mimic``: build ``<mimic>`` joints as Pinocchio's ``JointModelMimic`` (Pinocchio >= 3.4;
+    measured with 4.1). Without it a mimic joint is an independent joint. With it the mimicking
+    joint has no coordinate of its own: ``nq``/``nv`` drop by one per mimic joint, and its angle is
+    ``scaling * q[mimicked] + offset`` (URDF multiplier and offset: ``model.joints[i].extract()``
+    gives ``.scaling``/``.offset``). Then ``forwardKinematics``, ``rnea``, ``crba``,
+    ``nonLinearEffects``, ``computeGeneralizedGravity``, ``centerOfMass``, ``jacobianCenterOfMass``,
+    ``computeFrameJacobian`` and ``getJointJacobian`` work in the reduced coordinates
+    (``G^T tau``, ``G^T M G``, ``J G`` of the model without mimic, ``G = dv_full/dv``);
+    ``computeJointJacobians`` fills ``data.J`` with ``model.nvExtended`` columns (one per joint,
+    mimic columns pre-scaled); ``aba``, ``computeMinverse``, ``computeRNEADerivatives``,
+    ``computeABADerivatives`` and ``forwardDynamics`` raise ``RuntimeError`` -- use
+    :func:`pin_forward_dynamics`.
+    """
+    args = (pin.JointModelFreeFlyer(),) if floating_base else ()
+    return pin.buildModelFromUrdf(str(path), *args, mimic=mimic)
+
+
+def has_mimic(model) -> bool:
+    """Whether a Pinocchio model has ``JointModelMimic`` joints."""
+    return len(model.mimicking_joints) > 0
+
+
+def pin_forward_dynamics(model, data, q, v, tau) -> np.ndarray:
+    """Joint accelerations by ``aba``, or by ``M^-1 (tau - nle)`` where ``aba`` refuses mimic joints."""
+    if not has_mimic(model):
+        return pin.aba(model, data, q, v, tau)
+    M = pin.crba(model, data, q)
+    M = np.triu(M) + np.triu(M, 1).T
+    return np.linalg.solve(M, tau - pin.nonLinearEffects(model, data, q, v))
+
+
 class PinOracle:
     """Pinocchio model of ``path`` laid out like ``robot`` (a :class:`diffmech.RobotModel`)."""
 
     def __init__(self, robot, path: str):
         self.robot = robot
         fb = robot.floating_base
-        self.model = pin.buildModelFromUrdf(path, pin.JointModelFreeFlyer()) if fb else pin.buildModelFromUrdf(path)
+        self.model = pinocchio_model(path, floating_base=fb)
         self.model.gravity.linear = robot.gravity.detach().cpu().double().numpy()
         m = self.model
         if m.nv != robot.nv:

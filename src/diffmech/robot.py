@@ -17,7 +17,7 @@ from torch import Tensor
 
 from . import dynamics
 from .model.parameters import RobotParameters
-from .model.urdf import parse_urdf
+from .model.urdf import _parse_urdf
 
 __all__ = ["RobotModel", "load_urdf"]
 
@@ -78,6 +78,6 @@ def load_urdf(
     Raises:
         URDFError / ModelError: naming the file and the offending link or joint.
     """
-    spec = parse_urdf(path)
+    spec = _parse_urdf(path, stacklevel=3)  # a warning about the file points at the caller
     spec.gravity = tuple(float(g) for g in gravity)
     return RobotModel(spec, floating_base=floating_base, dtype=dtype, device=device)

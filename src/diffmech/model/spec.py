@@ -53,6 +53,9 @@ class JointSpec:
         damping: viscous damping, N m s/rad (or N s/m).
         friction: Coulomb friction level, N m (stored; used by simulators, not by RNEA).
         stiffness, rest: joint spring ``tau = -stiffness (q - rest)``.
+        mimic: ``(joint, multiplier, offset)`` when this joint follows another one,
+            ``q = multiplier * q_joint + offset`` (URDF ``<mimic>``; multiplier 1 and offset 0 by
+            default); None for an independent joint.
     """
 
     name: str
@@ -70,6 +73,7 @@ class JointSpec:
     friction: float = 0.0
     stiffness: float = 0.0
     rest: float = 0.0
+    mimic: tuple[str, float, float] | None = None
 
 
 @dataclass

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import re
 import warnings
 
 import numpy as np
@@ -17,9 +18,11 @@ __all__ = ["parse_urdf"]
 
 
 def _rpy(R: np.ndarray) -> tuple[float, float, float]:
-    sp = float(np.clip(-R[2, 0], -1.0, 1.0))
-    pitch = math.asin(sp)
-    if math.hypot(R[2, 1], R[2, 2]) < 1e-10:  # gimbal lock: put all of the rotation into roll
+    cp = math.hypot(R[2, 1], R[2, 2])
+    # atan2, not asin(-R[2, 0]): asin loses digits near +-pi/2, where pybullet_data's "1.5708" lies
+    # (the racecar's steering hinges came out 4e-6 off, relative, in their gravity torque)
+    pitch = math.atan2(-R[2, 0], cp)
+    if cp < 1e-10:  # gimbal lock: put all of the rotation into roll
         return (math.atan2(-R[1, 2], R[1, 1]), pitch, 0.0)
     return (math.atan2(R[2, 1], R[2, 2]), pitch, math.atan2(R[1, 0], R[0, 0]))
 
@@ -37,12 +40,21 @@ _NUMERIC = {
     "link": {"inertial/mass": ["value"], "inertial/origin": ["xyz", "rpy"],
              "inertial/inertia": ["ixx", "ixy", "ixz", "iyy", "iyz", "izz"]},
     "joint": {"origin": ["xyz", "rpy"], "axis": ["xyz"], "limit": ["lower", "upper", "effort", "velocity"],
-              "dynamics": ["damping", "friction"]},
+              "dynamics": ["damping", "friction"], "mimic": ["multiplier", "offset"]},
 }
+
+_VECTORS = ("xyz", "rpy")
+
+# The <geometry> children yourdfpy reads; others (PyBullet's <plane>, <cdf>, <capsule>, ...) are dropped.
+_GEOMETRY_TAGS = ("box", "cylinder", "sphere", "mesh")
+
+# The XML declaration, after an optional UTF-8 byte-order mark and white space, up to its version number.
+_DECLARATION = re.compile(rb"""\A(\xef\xbb\xbf)?\s*(<\?xml\s+version\s*=\s*["'])([^"']*)""")
 
 
 def _check_numbers(root, src: str) -> None:
-    """Name the link or joint whose numeric attribute is not a number (yourdfpy would not)."""
+    """Name the link or joint whose numeric attribute is not a number or not as many as it should be
+    (yourdfpy would not)."""
     for kind, paths in _NUMERIC.items():
         for el in root.findall(kind):
             name = el.get("name", "?")
@@ -52,21 +64,118 @@ def _check_numbers(root, src: str) -> None:
                         value = sub.get(attr)
                         if value is None:
                             continue
+                        tag = f"<{path.split('/')[-1]} {attr}>"
                         try:
-                            [float(x) for x in value.split()]
+                            numbers = [float(x) for x in value.split()]
                         except ValueError:
-                            raise URDFError(
-                                f"{src}: {kind} '{name}': <{path.split('/')[-1]} {attr}> is not a number: {value!r}"
-                            ) from None
+                            raise URDFError(f"{src}: {kind} '{name}': {tag} is not a number: {value!r}") from None
+                        expected = 3 if attr in _VECTORS else 1
+                        if len(numbers) != expected:  # yourdfpy would silently use the first three
+                            raise URDFError(f"{src}: {kind} '{name}': {tag} has {len(numbers)} numbers, "
+                                            f"expected {expected}: {value!r}")
+
+
+def _normalise_declaration(raw: bytes) -> bytes:
+    """Accept the XML declarations that urdfdom (Pinocchio, ROS) and PyBullet accept and libxml2 refuses.
+
+    pybullet_data writes ``<?xml version="0.0" ?>`` and some files put white space before the
+    declaration; neither changes what the document means, so the version becomes 1.0 and the white
+    space goes.
+    """
+    m = _DECLARATION.match(raw)
+    if m is None:
+        return raw
+    version = m.group(3)
+    if re.fullmatch(rb"1\.[0-9]+", version) is None:
+        version = b"1.0"
+    return (m.group(1) or b"") + m.group(2) + version + raw[m.end():]
+
+
+def _parse_xml(raw: bytes, src: str):
+    """The document's root element, checked strictly except for undeclared namespace prefixes.
+
+    yourdfpy falls back to lxml's recover mode on syntax errors, silently repairing broken files,
+    so the document is checked with a strict parser first. Prefixes without a namespace
+    declaration (Gazebo's ``<sensor:camera>`` in fetch.urdf) are accepted, as urdfdom accepts them;
+    libxml2 reports them as errors and then misses some syntax errors (junk after the root
+    element), so such a document is checked by expat without namespace processing instead.
+    """
+    from xml.parsers import expat
+
+    from lxml import etree
+
+    raw = _normalise_declaration(raw)
+    parser = etree.XMLParser(recover=False, remove_comments=True)
+    try:
+        return etree.fromstring(raw, parser)
+    except etree.XMLSyntaxError as e:
+        bad = [err for err in parser.error_log if err.domain_name != "NAMESPACE"]
+        if bad or len(parser.error_log) == 0:
+            detail = f"{bad[0].message}, line {bad[0].line}, column {bad[0].column}" if bad else e
+            raise URDFError(f"{src}: malformed XML: {detail}") from None
+    try:
+        expat.ParserCreate().Parse(raw, True)
+    except expat.ExpatError as e:
+        raise URDFError(f"{src}: malformed XML: {e}") from None
+    # well-formed: recover mode only keeps the undeclared prefixes in the tag names
+    return etree.fromstring(raw, etree.XMLParser(recover=True, remove_comments=True))
+
+
+def _drop_extensions(root) -> None:
+    """Remove elements and attributes with an undeclared namespace prefix (simulator extensions, not URDF)."""
+    for el in list(root.iter()):
+        if isinstance(el.tag, str) and ":" in el.tag and not el.tag.startswith("{"):
+            el.getparent().remove(el)
+            continue
+        for attr in [a for a in el.attrib if ":" in a and not a.startswith("{")]:
+            del el.attrib[attr]
+
+
+def _drop_unknown_geometry(root) -> dict[str, list[str]]:
+    """Remove the <visual>/<collision> elements whose geometry yourdfpy cannot read.
+
+    Returns:
+        ``{tag: [link names]}`` of what was removed (``"empty <geometry>"`` for a missing or empty one).
+    """
+    dropped: dict[str, list[str]] = {}
+    for link in root.findall("link"):
+        for kind in ("visual", "collision"):
+            for el in link.findall(kind):
+                geom = el.find("geometry")
+                first = geom[0].tag if geom is not None and len(geom) else None
+                if first in _GEOMETRY_TAGS:
+                    continue
+                link.remove(el)
+                tag = f"<{first}>" if isinstance(first, str) else "empty <geometry>"
+                names = dropped.setdefault(tag, [])
+                if link.get("name", "?") not in names:
+                    names.append(link.get("name", "?"))
+    return dropped
+
+
+def _read(text: str, is_xml: bool) -> bytes:
+    if is_xml:
+        return text.encode()
+    with open(text, "rb") as f:
+        return f.read()
 
 
 def parse_urdf(path_or_xml: str | os.PathLike) -> RobotSpec:
     """Read a URDF file (or an XML string) into a :class:`RobotSpec`.
 
+    ``<visual>``/``<collision>`` geometry of a kind diffmech does not read (PyBullet's ``<plane>``,
+    ``<cdf>``, ``<capsule>``, ...) is left out with one warning per file: dynamics do not use it.
+    Mimic joints are parsed into :attr:`JointSpec.mimic`.
+
     Raises:
-        URDFError: malformed XML, unknown joint types, mimic joints, bad numbers; the message
-            names the file and the joint or link.
+        URDFError: malformed XML, unknown joint types, bad numbers; the message names the file
+            and the joint or link.
     """
+    return _parse_urdf(path_or_xml, stacklevel=3)
+
+
+def _parse_urdf(path_or_xml: str | os.PathLike, stacklevel: int) -> RobotSpec:
+    """:func:`parse_urdf`; ``stacklevel`` makes its warning point at the caller of the public function."""
     import yourdfpy
     from lxml import etree
 
@@ -75,18 +184,21 @@ def parse_urdf(path_or_xml: str | os.PathLike) -> RobotSpec:
     src = "<urdf string>" if is_xml else text
     if not is_xml and not os.path.isfile(text):
         raise URDFError(f"{src}: no such URDF file")
-    raw = text.encode() if is_xml else open(text, "rb").read()
-    try:
-        # yourdfpy falls back to lxml's recover mode on syntax errors, silently repairing broken files,
-        # so the document is checked with a strict parser first.
-        root = etree.fromstring(raw, etree.XMLParser(recover=False, remove_comments=True))
-    except etree.XMLSyntaxError as e:
-        raise URDFError(f"{src}: malformed XML: {e}") from None
+    root = _parse_xml(_read(text, is_xml), src)
     if root.tag != "robot":
         raise URDFError(f"{src}: the root element is <{root.tag}>, expected <robot>")
     _check_numbers(root, src)
+    _drop_extensions(root)
+    dropped = _drop_unknown_geometry(root)
+    if dropped:
+        where = "; ".join(f"{tag} in link(s) {', '.join(repr(n) for n in names)}" for tag, names in dropped.items())
+        warnings.warn(
+            f"{src}: ignoring <visual>/<collision> geometry diffmech does not read ({where}); "
+            "dynamics do not use it",
+            UserWarning, stacklevel=stacklevel,
+        )
     try:
-        data = io.BytesIO(raw)
+        data = io.BytesIO(etree.tostring(root))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             urdf = yourdfpy.URDF.load(
@@ -121,10 +233,16 @@ def parse_urdf(path_or_xml: str | os.PathLike) -> RobotSpec:
                 f"{src}: joint '{j.name}' has type '{j.type}', which diffmech does not support "
                 f"(supported: {', '.join(JOINT_TYPES)}; use floating_base=True for a free root)"
             )
+        mimic = None
         if j.mimic is not None:
-            raise URDFError(
-                f"{src}: joint '{j.name}' mimics '{j.mimic.joint}'; mimic joints are not supported "
-                "(remove the <mimic> tag to make it an independent joint)"
+            if not j.mimic.joint:
+                raise URDFError(f"{src}: joint '{j.name}': <mimic> names no joint")
+            if j.mimic.joint == j.name or j.mimic.joint not in {jj.name for jj in robot.joints}:
+                raise URDFError(f"{src}: joint '{j.name}' mimics '{j.mimic.joint}', which is not another joint")
+            mimic = (
+                j.mimic.joint,
+                1.0 if j.mimic.multiplier is None else float(j.mimic.multiplier),
+                0.0 if j.mimic.offset is None else float(j.mimic.offset),
             )
         T = np.eye(4) if j.origin is None else np.asarray(j.origin, dtype=float)
         axis = (1.0, 0.0, 0.0) if j.axis is None else tuple(float(a) for a in j.axis)
@@ -143,6 +261,6 @@ def parse_urdf(path_or_xml: str | os.PathLike) -> RobotSpec:
             xyz=tuple(float(x) for x in T[:3, 3]), rpy=_rpy(T[:3, :3]), axis=axis,
             lower=lower, upper=upper,
             velocity=value(lim, "velocity", math.inf), effort=value(lim, "effort", math.inf),
-            damping=value(dyn, "damping", 0.0), friction=value(dyn, "friction", 0.0),
+            damping=value(dyn, "damping", 0.0), friction=value(dyn, "friction", 0.0), mimic=mimic,
         ))
     return RobotSpec(name=robot.name or "robot", links=links, joints=joints, source=src)
