@@ -67,10 +67,12 @@ def pin_forward_dynamics(model, data, q, v, tau) -> np.ndarray:
 class PinOracle:
     """Pinocchio model of ``path`` laid out like ``robot`` (a :class:`diffmech.RobotModel`)."""
 
-    def __init__(self, robot, path: str):
+    def __init__(self, robot, path: str, mimic: bool | None = None):
         self.robot = robot
         fb = robot.floating_base
-        self.model = pinocchio_model(path, floating_base=fb)
+        # diffmech's generalised coordinates leave mimic joints out, as Pinocchio's JointModelMimic does
+        mimic = robot.tree.coords is not None if mimic is None else mimic
+        self.model = pinocchio_model(path, floating_base=fb, mimic=mimic)
         self.model.gravity.linear = robot.gravity.detach().cpu().double().numpy()
         m = self.model
         if m.nv != robot.nv:
@@ -208,6 +210,9 @@ class PinOracle:
         return self.P.T @ M @ self.P
 
     def aba(self, q, v, tau, f_ext=None) -> np.ndarray:
+        if has_mimic(self.model):
+            assert f_ext is None, "Pinocchio's aba refuses mimic joints; no f_ext in the substitute"
+            return self.v_back(pin_forward_dynamics(self.model, self.data, self.q(q), self.v(v), self.v(tau)))
         args = [self.model, self.data, self.q(q), self.v(v), self.v(tau)]
         if f_ext is not None:
             args.append(self.fext(q, f_ext))

@@ -216,12 +216,25 @@ def test_unknown_joint_type_spec():
         diffmech.RobotModel(spec)
 
 
-def test_mimic_joint():
+def test_mimic_joint_loads_with_one_coordinate_less():
     xml = GOOD.replace(
         'name="wrist_joint" type="revolute"><parent link="forearm"/>',
         'name="wrist_joint" type="revolute"><mimic joint="elbow_joint" multiplier="2"/><parent link="forearm"/>',
     )
-    with raises(URDFError, "wrist_joint", "mimic"):
+    robot = diffmech.load_urdf(xml)
+    assert "wrist_joint" not in robot.joint_names and robot.nv == robot.tree.nv - 1
+
+
+def test_mimic_cycle():
+    xml = GOOD.replace(
+        'name="wrist_joint" type="revolute"><parent link="forearm"/>',
+        'name="wrist_joint" type="revolute"><mimic joint="elbow_joint"/><parent link="forearm"/>',
+    ).replace(
+        'name="elbow_joint" type="revolute"><parent link="shoulder"/>',
+        'name="elbow_joint" type="revolute"><mimic joint="wrist_joint"/><parent link="shoulder"/>',
+    )
+    assert xml.count("<mimic") == 2, "fixture changed"
+    with raises(ModelError, "cycle", "wrist_joint", "elbow_joint"):
         diffmech.load_urdf(xml)
 
 

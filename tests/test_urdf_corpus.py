@@ -38,10 +38,6 @@ N_STATES = 3
 
 # diffmech refuses these files although Pinocchio loads them: label -> (error, message fragment, why).
 EXPECTED_REFUSALS: dict[str, tuple[type[Exception], str, str]] = {
-    # TODO(mimic): remove these three when RobotModel supports mimic joints.
-    "diff_robot_data/panda_description/urdf/panda.urdf": (URDFError, "mimic", "mimic joint (finger)"),
-    "pybullet_data/franka_panda/panda.urdf": (URDFError, "mimic", "mimic joint (finger)"),
-    "pybullet_data/xarm/xarm6_with_gripper.urdf": (URDFError, "mimic", "mimic joints (gripper linkage)"),
     # lower > upper is PyBullet's way to write an unlimited joint; diffmech refuses inverted limits.
     "pybullet_data/cube_no_rotation.urdf": (ModelError, "lower limit", "joint limits lower > upper"),
 }
@@ -58,7 +54,7 @@ DEFAULT = {
     "pybullet_data/differential/diff_ring.urdf": "matched",  # white space before the declaration; continuous
     "diff_robot_data/fetch_description/urdf/fetch.urdf": "matched",  # <sensor:camera>, no namespace declaration
     "pybullet_data/r2d2.urdf": "matched",  # continuous and prismatic joints
-    "pybullet_data/xarm/xarm6_with_gripper.urdf": "expected refusal: mimic",
+    "pybullet_data/xarm/xarm6_with_gripper.urdf": "matched",  # mimic joints (Pinocchio built with mimic=True)
     "pybullet_data/plane_implicit.urdf": "expected refusal: no moving joint",  # <plane> geometry is ignored
     "pybullet_data/quadruped/microtaur/microtaur.urdf": "pinocchio refuses: Parser found 4 elements",
 }
@@ -343,10 +339,12 @@ def test_mimic_is_parsed():
     assert spec.joints[1].mimic == ("j1", 1.0, 0.0)  # URDF's defaults
 
 
-def test_mimic_is_refused_by_load_urdf_until_supported():
-    # TODO(mimic): replace by a comparison with Pinocchio built with mimic=True (see oracle.pinocchio_model).
-    with pytest.raises(URDFError, match="joint 'j2' mimics 'j1'"):
-        diffmech.load_urdf(arm_xml(mimic='<mimic joint="j1" multiplier="2"/>'))
+def test_mimic_joint_matches_pinocchio(tmp_path):
+    path = tmp_path / "arm.urdf"
+    path.write_text(arm_xml(mimic='<mimic joint="j1" multiplier="2" offset="0.3"/>'))
+    robot = diffmech.load_urdf(path)
+    assert robot.nq == robot.nv == 1 and robot.joint_names == ["j1"]
+    assert check_file("arm with a mimic joint", str(path)) == "matched"
 
 
 @pytest.mark.parametrize("mimic, fragment", [

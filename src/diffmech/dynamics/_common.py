@@ -31,6 +31,42 @@ def bind(robot: RobotParameters, like: Tensor) -> tuple[KinematicTree, ModelTens
     return robot.tree, robot.model_tensors(like.dtype, like.device)
 
 
+# ---------------------------------------------------------------- generalised <-> joint space (mimic joints)
+def joint_q(tree: KinematicTree, q: Tensor) -> Tensor:
+    """Generalised ``q (B, nq)`` -> joint-space ``(B, tree.nq)`` (identity without mimic joints)."""
+    if tree.coords is None:
+        return q
+    tb = tree.tables(q.dtype, q.device)
+    return torch.addcmul(tb.q_offset, q[:, tb.q_src], tb.q_scale)
+
+
+def joint_v(tree: KinematicTree, v: Tensor) -> Tensor:
+    """Generalised ``v`` (or ``a``) ``(B, nv)`` -> joint space ``(B, tree.nv)``."""
+    if tree.coords is None:
+        return v
+    tb = tree.tables(v.dtype, v.device)
+    return v[:, tb.v_src] * tb.v_scale
+
+
+def generalized_force(tree: KinematicTree, tau: Tensor, dim: int = -1) -> Tensor:
+    """Joint-space forces ``(..., tree.nv)`` (along ``dim``) -> generalised ``(..., nv)``: ``G^T tau``."""
+    if tree.coords is None:
+        return tau
+    tb = tree.tables(tau.dtype, tau.device)
+    dim = dim % tau.dim()
+    shape = [1] * tau.dim()
+    shape[dim] = -1
+    out = tau.new_zeros(*tau.shape[:dim], tree.coords.nv, *tau.shape[dim + 1:])
+    return out.index_add(dim, tb.v_src, tau * tb.v_scale.view(shape))
+
+
+def generalized_mass(tree: KinematicTree, M: Tensor) -> Tensor:
+    """Joint-space ``M (B, tree.nv, tree.nv)`` -> generalised ``G^T M G (B, nv, nv)``."""
+    if tree.coords is None:
+        return M
+    return generalized_force(tree, generalized_force(tree, M, -1), -2)
+
+
 def as_state(model: RobotParameters, named: list) -> tuple[list[Tensor], tuple[int, ...]]:
     """Validate and broadcast state tensors, then flatten their batch dimensions.
 

@@ -34,6 +34,10 @@ from ._common import (
     as_state,
     bind,
     f_ext_entry,
+    generalized_force,
+    generalized_mass,
+    joint_q,
+    joint_v,
     gravity_acceleration,
     mm,
     mv,
@@ -346,6 +350,17 @@ class _ForwardDynamics(torch.autograd.Function):
         return (None, None, None, *grads)
 
 
+def _mimic_forward_dynamics(tree: KinematicTree, mt: ModelTensors, q, v, tau, f_ext, passive) -> Tensor:
+    """Forward dynamics of a tree with mimic joints: ``G^T M G qdd = tau - G^T h`` in the generalised
+    coordinates (ABA does not take the coupling; plain autograd for the gradient)."""
+    qj, vj = joint_q(tree, q), joint_v(tree, v)
+    ts = tree_state(tree, mt, qj)
+    inertia = world_inertia(ts)
+    M = generalized_mass(tree, crba_flat(tree, mt, qj, ts, inertia))
+    h = rnea_bl(tree, ts, qj.transpose(0, 1), vj.transpose(0, 1), None, f_ext, passive, inertia).transpose(0, 1)
+    return torch.linalg.solve(M, tau - generalized_force(tree, h))
+
+
 def check_method(method: str) -> None:
     if method not in METHODS:
         raise OptionError(f"forward_dynamics: unknown method {method!r}; choose from {METHODS}")
@@ -362,8 +377,10 @@ def forward_dynamics_flat(
     method: str = "auto",
     fast_grad: bool = True,
 ) -> Tensor:
-    """:func:`forward_dynamics` on flat batches ``(B, n)`` (no shape checks)."""
+    """:func:`forward_dynamics` on flat batches ``(B, n)`` of generalised coordinates (no shape checks)."""
     check_method(method)
+    if tree.coords is not None:
+        return _mimic_forward_dynamics(tree, mt, q, v, tau, f_ext, passive)
     method = resolve_method(method, q.shape[0])
     # torch.func transforms need setup_context-style functions; plain autograd gives the same result there.
     fast_grad = fast_grad and not torch._C._are_functorch_transforms_active()

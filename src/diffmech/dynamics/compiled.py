@@ -133,6 +133,9 @@ class CompiledDynamics:
                  compile_options: dict, native: bool | None = None):
         if algorithm not in _ALGORITHMS:
             raise OptionError(f"compiled: unknown algorithm {algorithm!r}; choose from {sorted(_ALGORITHMS)}")
+        if model.tree.coords is not None:
+            raise OptionError(f"compiled: '{model.name}' has mimic joints, which compiled functions do not support; "
+                              "use the eager functions (robot.forward_dynamics, ...)")
         if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
             raise ShapeError(f"compiled: chunk must be a positive integer or None, got {chunk!r}")
         self.model, self.algorithm, self.chunk, self.passive = model, algorithm, chunk, bool(passive)

@@ -11,14 +11,26 @@ from torch import Tensor
 
 from ..model.parameters import ModelTensors, RobotParameters
 from ..model.tree import KinematicTree
-from ._common import RigidInertia, TreeState, as_state, bind, masks, mv_small, tree_state, tree_sum, world_inertia
+from ._common import (
+    RigidInertia,
+    TreeState,
+    as_state,
+    bind,
+    generalized_mass,
+    joint_q,
+    masks,
+    mv_small,
+    tree_state,
+    tree_sum,
+    world_inertia,
+)
 
 __all__ = ["crba", "mass_matrix", "crba_flat"]
 
 
 def crba_flat(tree: KinematicTree, mt: ModelTensors, q: Tensor, ts: TreeState | None = None,
               inertia: RigidInertia | None = None) -> Tensor:
-    """CRBA on a flat batch: ``q (B, nq) -> M (B, nv, nv)``.
+    """CRBA on a flat batch in joint space: ``q (B, nq) -> M (B, nv, nv)`` (sizes of ``tree``).
 
     ``ts`` and ``inertia`` (``world_inertia(ts)``) are reused when the caller already has them.
     """
@@ -52,7 +64,8 @@ def crba(robot: RobotParameters, q: Tensor) -> Tensor:
     """
     flat, batch = as_state(robot, [("q", q, robot.nq)])
     tree, mt = bind(robot, flat[0])
-    return crba_flat(tree, mt, flat[0]).reshape(*batch, robot.nv, robot.nv)
+    M = generalized_mass(tree, crba_flat(tree, mt, joint_q(tree, flat[0])))
+    return M.reshape(*batch, robot.nv, robot.nv)
 
 
 mass_matrix = crba

@@ -9,7 +9,7 @@ from .. import spatial
 from ..errors import OptionError, ShapeError
 from ..model.parameters import RobotParameters
 from ..model.tree import KinematicTree
-from ._common import TreeState, as_state, bind, masks, tree_state
+from ._common import TreeState, as_state, bind, generalized_force, joint_q, masks, tree_state
 from .free_flyer import free_flyer_integrate
 
 __all__ = ["forward_kinematics", "link_pose", "jacobian", "center_of_mass", "integrate", "link_placements"]
@@ -46,7 +46,7 @@ def forward_kinematics(robot: RobotParameters, q: Tensor) -> Tensor:
     """
     flat, batch = as_state(robot, [("q", q, robot.nq)])
     tree, mt = bind(robot, flat[0])
-    R, p = link_placements(tree, tree_state(tree, mt, flat[0]))
+    R, p = link_placements(tree, tree_state(tree, mt, joint_q(tree, flat[0])))
     return spatial.homogeneous(R, p).reshape(*batch, robot.n_links, 4, 4)
 
 
@@ -55,7 +55,7 @@ def link_pose(robot: RobotParameters, q: Tensor, link: str | int) -> Tensor:
     li = robot.tree.link(link)
     flat, batch = as_state(robot, [("q", q, robot.nq)])
     tree, mt = bind(robot, flat[0])
-    R, p = _one_link(tree, tree_state(tree, mt, flat[0]), li)
+    R, p = _one_link(tree, tree_state(tree, mt, joint_q(tree, flat[0])), li)
     return spatial.homogeneous(R, p).reshape(*batch, 4, 4)
 
 
@@ -101,8 +101,8 @@ def jacobian(
             raise OptionError("jacobian: 'point' has no meaning with frame='world'")
         entries.append(("point", point, 3))
     flat, batch = as_state(robot, entries)
-    qf = flat[0]
-    tree, mt = bind(robot, qf)
+    tree, mt = bind(robot, flat[0])
+    qf = joint_q(tree, flat[0])
     ts = tree_state(tree, mt, qf)
     R, p = _one_link(tree, ts, li)
     mask_bd, _ = masks(tree, qf)
@@ -119,14 +119,14 @@ def jacobian(
         if frame == "local":
             Rt = R.transpose(-1, -2)[:, None]
             J = torch.cat([(Rt @ J[..., :3, None])[..., 0], (Rt @ J[..., 3:, None])[..., 0]], dim=-1)
-    return J.transpose(-1, -2).reshape(*batch, 6, robot.nv)
+    return generalized_force(tree, J.transpose(-1, -2)).reshape(*batch, 6, robot.nv)
 
 
 def center_of_mass(robot: RobotParameters, q: Tensor) -> Tensor:
     """Centre of mass of all links (world-fixed ones included) in the world, ``(..., 3)`` m."""
     flat, batch = as_state(robot, [("q", q, robot.nq)])
     tree, mt = bind(robot, flat[0])
-    R, p = link_placements(tree, tree_state(tree, mt, flat[0]))
+    R, p = link_placements(tree, tree_state(tree, mt, joint_q(tree, flat[0])))
     c = p + (R @ mt.link_com[..., None])[..., 0]
     m = mt.link_mass
     return ((m[:, None] * c).sum(-2) / m.sum()).reshape(*batch, 3)

@@ -18,7 +18,10 @@ from ._common import (
     as_state,
     bind,
     f_ext_entry,
+    generalized_force,
     gravity_acceleration,
+    joint_q,
+    joint_v,
     masks,
     tree_state,
     tree_sum,
@@ -38,7 +41,9 @@ def rnea_flat(
     passive: bool = True,
     ts: TreeState | None = None,
 ) -> Tensor:
-    """RNEA on flat batches: ``q (B, nq), v (B, nv), a (B, nv) | None, f_ext (B, n_links, 6) -> (B, nv)``."""
+    """RNEA on flat batches in joint space: ``q (B, nq), v (B, nv), a (B, nv) | None,
+    f_ext (B, n_links, 6) -> (B, nv)`` (sizes of ``tree``; the generalised coordinates too unless
+    the tree has mimic joints, see :func:`~diffmech.dynamics._common.joint_q`)."""
     if ts is None:
         ts = tree_state(tree, mt, q)
     aT = None if a is None else a.transpose(0, 1)
@@ -103,8 +108,9 @@ def rnea(
         robot, [("q", q, robot.nq), ("v", v, robot.nv), ("a", a, robot.nv), f_ext_entry(robot, f_ext)]
     )
     tree, mt = bind(robot, flat[0])
-    tau = rnea_flat(tree, mt, *flat[:3], f_ext=flat[3] if f_ext is not None else None, passive=passive)
-    return tau.reshape(*batch, robot.nv)
+    q, v, a = joint_q(tree, flat[0]), joint_v(tree, flat[1]), joint_v(tree, flat[2])
+    tau = rnea_flat(tree, mt, q, v, a, f_ext=flat[3] if f_ext is not None else None, passive=passive)
+    return generalized_force(tree, tau).reshape(*batch, robot.nv)
 
 
 inverse_dynamics = rnea
@@ -115,13 +121,14 @@ def bias_forces(robot: RobotParameters, q: Tensor, v: Tensor, *, passive: bool =
     flat, batch = as_state(robot, [("q", q, robot.nq), ("v", v, robot.nv)])
     qf, vf = flat
     tree, mt = bind(robot, qf)
-    return rnea_flat(tree, mt, qf, vf, None, passive=passive).reshape(*batch, robot.nv)
+    h = rnea_flat(tree, mt, joint_q(tree, qf), joint_v(tree, vf), None, passive=passive)
+    return generalized_force(tree, h).reshape(*batch, robot.nv)
 
 
 def generalized_gravity(robot: RobotParameters, q: Tensor) -> Tensor:
     """Gravity torques ``g(q) (..., nv)``: RNEA at rest, without springs or damping."""
     flat, batch = as_state(robot, [("q", q, robot.nq)])
-    qf = flat[0]
-    tree, mt = bind(robot, qf)
-    z = qf.new_zeros(qf.shape[0], robot.nv)
-    return rnea_flat(tree, mt, qf, z, None, passive=False).reshape(*batch, robot.nv)
+    tree, mt = bind(robot, flat[0])
+    qf = joint_q(tree, flat[0])
+    z = qf.new_zeros(qf.shape[0], tree.nv)
+    return generalized_force(tree, rnea_flat(tree, mt, qf, z, None, passive=False)).reshape(*batch, robot.nv)

@@ -374,11 +374,14 @@ class RobotParameters(nn.Module):
         self.name = tree.name
         self.source = tree.source
         self.floating_base = tree.floating_base
+        coords = tree.coords  # mimic joints: the generalised coordinates leave them out
         self.link_names: list[str] = list(tree.link_names)
-        self.joint_names: list[str] = list(tree.joint_names)
+        self.joint_names: list[str] = list(coords.joint_names if coords else tree.joint_names)
         self.all_joint_names: list[str] = list(tree.all_joint_names)
-        self.joint_types: list[str] = list(tree.joint_types)
-        self.nq, self.nv, self.nb, self.nj = tree.nq, tree.nv, tree.nb, tree.nj
+        self.joint_types: list[str] = [tree.joint_types[tree.joint_names.index(n)] for n in self.joint_names]
+        self.nq, self.nv = (coords.nq, coords.nv) if coords else (tree.nq, tree.nv)
+        self.nb, self.nj = tree.nb, len(self.joint_names)
+        limits = coords if coords else tree
         self.link_body: list[int] = list(tree.link_body)
         self.link_parent: list[int] = list(tree.link_parent)
         self.body_parent: list[int] = list(tree.body_parent)
@@ -392,10 +395,10 @@ class RobotParameters(nn.Module):
             raise ModelError(f"{spec.source}: gravity must have shape (3,), got {tuple(gravity.shape)}")
         self.register_buffer("gravity", gravity.clone())
         kw = dict(dtype=torch.float64, device=device)
-        self.register_buffer("position_lower", torch.tensor(tree.lower, **kw), persistent=False)
-        self.register_buffer("position_upper", torch.tensor(tree.upper, **kw), persistent=False)
-        self.register_buffer("velocity_limit", torch.tensor(tree.velocity, **kw), persistent=False)
-        self.register_buffer("effort_limit", torch.tensor(tree.effort, **kw), persistent=False)
+        self.register_buffer("position_lower", torch.tensor(limits.lower, **kw), persistent=False)
+        self.register_buffer("position_upper", torch.tensor(limits.upper, **kw), persistent=False)
+        self.register_buffer("velocity_limit", torch.tensor(limits.velocity, **kw), persistent=False)
+        self.register_buffer("effort_limit", torch.tensor(limits.effort, **kw), persistent=False)
         #: Joints driven by actuators (all moving joints unless a builder says otherwise, e.g. the
         #: cartpole's slider); controllers and environments read it, the dynamics do not.
         self.actuated_joints: list[str] = list(self.joint_names)

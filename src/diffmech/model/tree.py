@@ -37,7 +37,38 @@ from torch import Tensor
 from ..errors import ModelError
 from .spec import JOINT_TYPES, JointSpec, LinkSpec, RobotSpec
 
-__all__ = ["KinematicTree", "TreeTables"]
+__all__ = ["KinematicTree", "TreeTables", "CoordinateMap"]
+
+
+@dataclass(frozen=True)
+class CoordinateMap:
+    """How a tree with mimic joints maps its generalised coordinates to joint space.
+
+    Joint space has one coordinate per moving joint (what the algorithms work in); the generalised
+    coordinates leave out the joints that mimic another one: joint ``k`` of joint space is
+    ``q_k = scale_k * q[src_k] + offset_k`` (``v_k = scale_k * v[src_k]``). Forces map back by the
+    transpose: ``tau[i] = sum_{k: src_k = i} scale_k tau_k``; mass matrices ``G^T M G``.
+
+    Attributes:
+        nq, nv: sizes of the generalised ``q`` and ``v``.
+        joint_names: the independent joints (the generalised coordinates after a floating base).
+        q_src, v_src: per joint-space coordinate (base coordinates first), its generalised index.
+        q_scale, q_offset, v_scale: per joint-space coordinate.
+        lower, upper, velocity, effort: limits of the independent joints.
+    """
+
+    nq: int
+    nv: int
+    joint_names: tuple
+    q_src: tuple
+    q_scale: tuple
+    q_offset: tuple
+    v_src: tuple
+    v_scale: tuple
+    lower: tuple
+    upper: tuple
+    velocity: tuple
+    effort: tuple
 
 
 @dataclass(frozen=True)
@@ -58,6 +89,8 @@ class TreeTables:
         moving_links, moving_link_body: (k,) long, the links that move and their bodies.
         body_joint, body_joint_parent_link: (nj,) long, see :class:`KinematicTree`.
         fixed_levels: per fixed depth, ``(links, parent links, joints)`` as long tensors.
+        q_src, v_src, q_scale, q_offset, v_scale: the :class:`CoordinateMap` as tensors (``None``
+            without mimic joints).
     """
 
     mask_bd: Tensor
@@ -75,6 +108,11 @@ class TreeTables:
     body_joint: Tensor
     body_joint_parent_link: Tensor
     fixed_levels: tuple
+    q_src: Tensor | None = None
+    v_src: Tensor | None = None
+    q_scale: Tensor | None = None
+    q_offset: Tensor | None = None
+    v_scale: Tensor | None = None
 
 
 class KinematicTree:
@@ -112,6 +150,9 @@ class KinematicTree:
         is_prismatic: per one-DoF body; ``any_prismatic``.
         axes: unit joint axis of each one-DoF body, in its joint frame.
         lower, upper, velocity, effort: limits per moving joint (``inf`` where absent).
+        coords: ``None``, or the :class:`CoordinateMap` of a tree with mimic joints: then ``nq`` and
+            ``nv`` here count joint space, and ``coords.nq``/``coords.nv`` the generalised
+            coordinates a :class:`~diffmech.RobotModel` takes.
         structure_hash: hex digest of what generated code depends on (see the module docstring).
     """
 
@@ -183,10 +224,6 @@ class KinematicTree:
                     raise ModelError(f"{src}: joint '{j.name}' has a zero or invalid axis {tuple(j.axis)}")
             if j.type in ("prismatic", "revolute") and j.lower > j.upper:
                 raise ModelError(f"{src}: joint '{j.name}' has lower limit {j.lower} > upper limit {j.upper}")
-            if getattr(j, "mimic", None) is not None:
-                raise ModelError(
-                    f"{src}: joint '{j.name}' mimics '{j.mimic[0]}'; mimic joints are not supported by this model"
-                )
             parent_joint[j.child] = j
             children[j.parent].append(j)
         roots = [n for n in names if n not in parent_joint]
@@ -322,9 +359,11 @@ class KinematicTree:
         self.axes = tuple(axes)
         self.lower, self.upper = lim("lower"), lim("upper")
         self.velocity, self.effort = lim("velocity"), lim("effort")
+        self.coords = _coordinate_map(src, joint_specs, body_joint, nfree, self)
         self.structure_hash = hashlib.sha256(json.dumps({
             "format": 1, "nfree": nfree, "body_parent": body_parent, "link_body": link_body,
             "link_parent": link_parent, "kinds": kinds, "n_links": len(order),
+            "coords": None if self.coords is None else [self.coords.q_src, self.coords.v_src],
         }, sort_keys=True).encode()).hexdigest()
         self._frozen = True
 
@@ -385,7 +424,65 @@ class KinematicTree:
             moving_link_body=long([self.link_body[i] for i in self.moving_links]),
             body_joint=long(self.body_joint), body_joint_parent_link=long(self.body_joint_parent_link),
             fixed_levels=tuple((long(a), long(b), long(c)) for a, b, c in self.fixed_levels),
+            **({} if self.coords is None else dict(
+                q_src=long(self.coords.q_src), v_src=long(self.coords.v_src),
+                q_scale=torch.tensor(self.coords.q_scale, dtype=dtype, device=device),
+                q_offset=torch.tensor(self.coords.q_offset, dtype=dtype, device=device),
+                v_scale=torch.tensor(self.coords.v_scale, dtype=dtype, device=device))),
         )
+
+
+def _coordinate_map(src: str, joint_specs: list[JointSpec], body_joint: list[int], nfree: int,
+                    tree: KinematicTree) -> CoordinateMap | None:
+    """The :class:`CoordinateMap` of the moving joints' ``mimic`` entries (``None`` if there are none)."""
+    moving = [joint_specs[k] for k in body_joint]
+    if not any(j.mimic is not None for j in moving):
+        for j in joint_specs:
+            if j.mimic is not None:
+                raise ModelError(f"{src}: fixed joint '{j.name}' has a <mimic> tag; only moving joints can mimic")
+        return None
+    index = {j.name: i for i, j in enumerate(moving)}
+    for j in joint_specs:
+        if j.mimic is None:
+            continue
+        if j.type == "fixed":
+            raise ModelError(f"{src}: fixed joint '{j.name}' has a <mimic> tag; only moving joints can mimic")
+        if j.mimic[0] not in index:
+            raise ModelError(f"{src}: joint '{j.name}' mimics '{j.mimic[0]}', which is not a moving joint")
+    # Resolve chains (a mimics b mimics c): q_a = s_a (s_b q_c + o_b) + o_a.
+    resolved: dict[int, tuple[int, float, float]] = {}
+
+    def resolve(i: int, seen: tuple) -> tuple[int, float, float]:
+        if i in resolved:
+            return resolved[i]
+        j = moving[i]
+        if j.mimic is None:
+            out = (i, 1.0, 0.0)
+        else:
+            if i in seen:
+                names = [moving[k].name for k in seen]
+                raise ModelError(f"{src}: mimic joints form a cycle: {names}")
+            m, s, o = resolve(index[j.mimic[0]], seen + (i,))
+            a, b = float(j.mimic[1]), float(j.mimic[2])
+            out = (m, a * s, a * o + b)  # q_j = a q_k + b with q_k = s q_m + o
+        resolved[i] = out
+        return out
+
+    masters = [resolve(i, ()) for i in range(len(moving))]
+    independent = [i for i, j in enumerate(moving) if j.mimic is None]
+    position = {i: n for n, i in enumerate(independent)}
+    q_src = list(range(7 * nfree)) + [7 * nfree + position[m] for m, _, _ in masters]
+    v_src = list(range(6 * nfree)) + [6 * nfree + position[m] for m, _, _ in masters]
+    joint_scale = [s for _, s, _ in masters]
+    pick = lambda values: tuple(values[i] for i in independent)  # noqa: E731
+    return CoordinateMap(
+        nq=7 * nfree + len(independent), nv=6 * nfree + len(independent),
+        joint_names=tuple(moving[i].name for i in independent),
+        q_src=tuple(q_src), q_scale=tuple([1.0] * (7 * nfree) + joint_scale),
+        q_offset=tuple([0.0] * (7 * nfree) + [o for _, _, o in masters]),
+        v_src=tuple(v_src), v_scale=tuple([1.0] * (6 * nfree) + joint_scale),
+        lower=pick(tree.lower), upper=pick(tree.upper), velocity=pick(tree.velocity), effort=pick(tree.effort),
+    )
 
 
 def _cycle_from(start: str, parent_joint: dict[str, JointSpec]) -> str:

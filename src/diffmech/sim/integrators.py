@@ -319,6 +319,9 @@ class Integrator(abc.ABC):
 
     def check_robot(self, robot: RobotModel) -> None:
         """Raise :class:`~diffmech.errors.ModelError` if this integrator cannot simulate ``robot``."""
+        if self.implicit and robot.tree.coords is not None:
+            raise ModelError(f"integrator '{self.name}' does not support mimic joints ('{robot.name}' has some); "
+                             "use 'semi_implicit_euler', 'euler', 'midpoint' or 'rk4'")
         if robot.floating_base and not self.supports_floating_base:
             raise ModelError(
                 f"integrator '{self.name}' supports fixed-base robots only; '{robot.name}' has a floating base "

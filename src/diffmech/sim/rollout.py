@@ -758,7 +758,9 @@ def rollout(
             bool(all_params) or any(t is not None and t.requires_grad for t in (q0f, v0f, tauf, fef))
         )
         if differentiable:
-            cfg.record = True
+            # Recorded accelerations feed the hand-written reverse steps, which work in joint space:
+            # with mimic joints the steps are replayed under autograd instead.
+            cfg.record = robot.tree.coords is None
             Q, V = _CheckpointRollout.apply(cfg, q0f, v0f, tauf, fef, *all_params)
         else:
             with torch.no_grad():
