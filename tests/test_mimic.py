@@ -66,7 +66,8 @@ def test_matches_pinocchio(key, floating_base):
     }
     link = robot.link_names[-1]
     for frame in ("world_aligned", "local", "world"):
-        checks[f"jacobian {frame}"] = (robot.jacobian(q, link, frame=frame), [oracle.jacobian(x, link, frame) for x in qn])
+        checks[f"jacobian {frame}"] = (robot.jacobian(q, link, frame=frame),
+                                       [oracle.jacobian(x, link, frame) for x in qn])
     for name, (got, ref) in checks.items():
         err = rel_err(got.detach().numpy(), np.stack(ref)) if np.ndim(ref[0]) else \
             float(np.max(np.abs(got.detach().numpy() - np.array(ref)) / np.maximum(np.abs(ref), 1e-12)))
