@@ -8,14 +8,29 @@ device) must work on ``copy.deepcopy(get_robot(key))``.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
+import tempfile
 import warnings
 
-import pytest
-import torch
+# Before diffmech is imported: the suite never touches the user's kernel cache (a fresh one per run,
+# or $DIFFMECH_TEST_CACHE_DIR to keep kernels between runs while developing), and the public
+# functions run the torch code unless a test asks for native kernels (kernels.native_mode), so that
+# what a test checks does not depend on which kernels earlier tests happened to build.
+if os.environ.get("DIFFMECH_TEST_CACHE_DIR"):
+    os.environ["DIFFMECH_CACHE_DIR"] = os.environ["DIFFMECH_TEST_CACHE_DIR"]
+else:
+    _cache = tempfile.mkdtemp(prefix="diffmech-test-kernels-")
+    os.environ["DIFFMECH_CACHE_DIR"] = _cache
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+os.environ["DIFFMECH_NATIVE"] = "never"
 
-import diffmech
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import diffmech  # noqa: E402
 
 ASSETS = os.path.join(os.path.dirname(__file__), "assets")
 

@@ -46,6 +46,7 @@ from ._common import (
     world_inertia,
 )
 from .crba import crba_flat
+from .kernels import default_native
 from .rnea import rnea_bl, rnea_flat
 from .rnea_vjp import rnea_state_vjp
 
@@ -434,6 +435,10 @@ def forward_dynamics(
         robot, [("q", q, robot.nq), ("v", v, robot.nv), ("tau", tau, robot.nv), f_ext_entry(robot, f_ext)]
     )
     fe = flat[3] if f_ext is not None else None
+    if method != "crba" and fast_grad:
+        out = default_native(robot, "forward_dynamics", flat, passive, f_ext is not None)
+        if out is not None:
+            return out.reshape(*batch, robot.nv)
     tree, mt = bind(robot, flat[0])
     qdd = forward_dynamics_flat(tree, mt, flat[0], flat[1], flat[2], fe, passive, method, fast_grad)
     return qdd.reshape(*batch, robot.nv)

@@ -1,29 +1,29 @@
-"""Compiled batch evaluation of the rigid-body algorithms, with a compiled backward.
+"""Batch evaluation of the rigid-body algorithms by native kernels (or torch.compile), differentiable.
 
-Without a graph (``torch.no_grad()``, or inputs that need no gradient), on the CPU, the algorithm
-runs as a native kernel: its lane program (:mod:`.lanes`: the per-state algorithm on ``(B,)``
-lanes, body-local frames) compiled to C by :mod:`.native` -- one vectorised loop over the batch
-with every intermediate in registers, any batch size, a few seconds to build, cached on disk.
-Measured on the iiwa (float64, 2 threads, BENCHMARKS.md): inverse dynamics 7.2x and forward
-dynamics 6.2x the states per second of Pinocchio's batch API at 16384 states, 3.8x and 2.9x at 1024. Forward dynamics
-with gradients w.r.t. ``(q, v, tau)`` only (no learnable model parameter) runs natively too: its
-backward is the kernel of ABA's reverse mode (:func:`.native.vjp_program`), which recomputes the
-forward pass per state in registers, so only the inputs are saved.
+On the CPU every call runs native kernels (:mod:`.kernels`): the algorithm's lane program
+(:mod:`.lanes`: the per-state algorithm on ``(B,)`` lanes, body-local frames) compiled to C by
+:mod:`.native` -- one vectorised loop over the batch with every intermediate in registers, any
+batch size, built once per tree structure, algorithm and dtype and stored on disk. Gradients w.r.t.
+the state and the learnable parameters come from the kernel of the algorithm's reverse mode
+(:func:`.native.vjp_program`), which recomputes the forward pass per state in registers (only the
+inputs are saved) and sums the parameter cotangents over the batch.
 
-Other gradients (inverse dynamics, mass matrix, learnable parameters, devices other than the CPU)
-use torch.compile: it fuses the batch-last elementwise code of :mod:`.aba` and :mod:`.rnea` into a
-few loops, and cutting a large batch into cache-sized chunks keeps the working set in cache. Each
-chunk has the same shape (the last one is padded), so one compiled graph serves every batch size at
-or above the chunk size. For forward dynamics with no learnable model parameter (without native
-kernels), the compiled forward also returns ABA's articulated-body factors and kinematics, and
-the compiled backward is ``M^{-1}`` from the factors plus the hand-written RNEA VJP
-(:mod:`.rnea_vjp`). Otherwise a differentiable call runs the compiled function with autograd on,
-so torch.compile traces the joint forward-backward graph once per pattern of inputs that need a
-gradient; when the value is already known (a rollout replaying a recorded step), the backward is a
-separate compiled ``torch.func.vjp`` of the algorithm.
-The model's parameters enter as the :class:`~diffmech.model.robot.ModelTensors` fields, computed
-eagerly outside the compiled region (so learnable parameters and their parametrizations keep their
-ordinary autograd graph), and the compiled VJP returns the cotangents of those fields.
+Elsewhere (other devices, ``native=False``, or a kernel that cannot be built) torch.compile: it
+fuses the batch-last elementwise code of :mod:`.aba` and :mod:`.rnea` into a few loops, and cutting
+a large batch into cache-sized chunks keeps the working set in cache. Each chunk has the same shape
+(the last one is padded), so one compiled graph serves every batch size at or above the chunk size.
+For forward dynamics with no learnable model parameter, the compiled forward also returns ABA's
+articulated-body factors and kinematics, and the compiled backward is ``M^{-1}`` from the factors
+plus the hand-written RNEA VJP (:mod:`.rnea_vjp`). Otherwise a differentiable call runs the compiled
+function with autograd on, so torch.compile traces the joint forward-backward graph once per
+pattern of inputs that need a gradient; when the value is already known (a rollout replaying a
+recorded step), the backward is a separate compiled ``torch.func.vjp`` of the algorithm. Without
+any C compiler (torch.compile's CPU code needs one too) the torch code runs eagerly, after one
+warning.
+
+The model's parameters enter as the :class:`~diffmech.model.parameters.ModelTensors` fields,
+computed eagerly outside the kernels (so learnable parameters and their parametrizations keep their
+ordinary autograd graph), and the backward returns the cotangents of those fields.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from ..model.tree import KinematicTree
 from ._common import RigidInertia, TreeState
 from .aba import _aba, aba_flat, apply_inverse_mass, factor_tensors, factors_from
 from .crba import crba_flat
-from .lanes import aba_lanes, crba_lanes, rnea_lanes
-from .native import LaneKernel, NativeUnavailable, vjp_program
+from .kernel_store import NativeUnavailable, available
+from .kernels import NativeCall, call_native, call_native_with, native_constants
 from .rnea import rnea_flat
 from .rnea_vjp import rnea_vjp_bl
 
@@ -85,15 +85,6 @@ def _fd_backward(tree: KinematicTree, mt, passive, q, v, qdd, g, S, h, I, *rest)
     got = rnea_vjp_bl(tree, ts, q.transpose(0, 1), v.transpose(0, 1), qdd.transpose(0, 1),
                       -lam.transpose(0, 1), passive, inertia)
     return got.q.transpose(0, 1), got.v.transpose(0, 1), lam
-
-
-def _lane_program(tree: KinematicTree, algorithm: str, passive: bool) -> Callable[..., Tensor]:
-    """``algorithm`` as a lane program of ``(*state (rows, B), *model tensors)``."""
-    if algorithm == "forward_dynamics":
-        return lambda q, v, u, *mt: aba_lanes(tree, ModelTensors(*mt), q, v, u, passive)
-    if algorithm == "inverse_dynamics":
-        return lambda q, v, a, *mt: rnea_lanes(tree, ModelTensors(*mt), q, v, a, passive)
-    return lambda q, *mt: crba_lanes(tree, ModelTensors(*mt), q)
 
 
 _ALGORITHMS: dict[str, tuple[int, Callable]] = {
@@ -140,9 +131,14 @@ class CompiledDynamics:
             raise ShapeError(f"compiled: chunk must be a positive integer or None, got {chunk!r}")
         self.model, self.algorithm, self.chunk, self.passive = model, algorithm, chunk, bool(passive)
         self.compiled = bool(compile)
-        # Native kernels serve the evaluation without a graph (see evaluate); None: when available.
-        self.native = self.compiled if native is None else bool(native)
-        self._kernels: dict[tuple[torch.dtype, bool], LaneKernel | None] = {}
+        # Native kernels serve every CPU call; None: when a C compiler is found.
+        self.native = (self.compiled and available()) if native is None else bool(native)
+        if self.compiled and not available():
+            # torch.compile's CPU code needs a C compiler as much as the native kernels do
+            warnings.warn(f"compiled {algorithm} of '{model.name}': no C compiler found (set $CC or install gcc); "
+                          "using the eager torch code", stacklevel=3)
+            self.compiled = False
+        self._call = NativeCall(model.tree, algorithm, self.passive, False, build=True) if self.native else None
         self.n_args, fn = _ALGORITHMS[algorithm]
         self.sizes = [model.nq, model.nv, model.nv][: self.n_args]
         n = self.n_args
@@ -174,11 +170,20 @@ class CompiledDynamics:
             return _fd_backward(tree, ModelTensors(*mt), passive, q, v, qdd, g, *factors)
 
         compile_options.setdefault("dynamic", False)
-        wrap = (lambda f: torch.compile(f, **compile_options)) if compile else (lambda f: f)
-        self._forward = wrap(forward)
-        self._vjp = wrap(vjp)
-        self._fd_saving = wrap(fd_saving)
-        self._fd_backward = wrap(fd_backward)
+        self._compile_options = compile_options
+        self._fns = dict(forward=forward, vjp=vjp, fd_saving=fd_saving, fd_backward=fd_backward)
+
+    def __getattr__(self, name: str):
+        # The torch functions are wrapped on first use: importing torch.compile's machinery costs
+        # seconds, which a call served by native kernels should not pay.
+        fns = self.__dict__.get("_fns")
+        if fns is None or not name.startswith("_") or name[1:] not in fns:
+            raise AttributeError(name)
+        fn = fns[name[1:]]
+        if self.compiled:
+            fn = torch.compile(fn, **self._compile_options)
+        setattr(self, name, fn)
+        return fn
 
     # ------------------------------------------------------------------ evaluation
     def _pieces(self, B: int) -> list[tuple[int, int]]:
@@ -193,56 +198,43 @@ class CompiledDynamics:
             part = torch.cat([part, part[-1:].expand(self.chunk - (e - s), *part.shape[1:])])
         return part
 
-    def kernel(self, dtype: torch.dtype, vjp: bool = False) -> LaneKernel | None:
-        """The native kernel of this algorithm for ``dtype`` (built on first use, then cached on
-        disk), or ``None`` where there is none (no C compiler, an unsupported dtype). ``vjp``: the
-        kernel of its reverse mode, ``(*inputs, g) -> cotangents of the inputs`` (batch-first,
-        concatenated)."""
-        key = (dtype, vjp)
-        if key not in self._kernels:
-            try:
-                mt = self.model.model_tensors(dtype, "cpu")
-                program = _lane_program(self.model.tree, self.algorithm, self.passive)
-                rows = self.sizes
-                if vjp:
-                    program = vjp_program(program, self.n_args)
-                    rows = [*rows, self.model.nv]
-                self._kernels[key] = LaneKernel(program, rows, list(mt), dtype)
-            except NativeUnavailable as err:
-                warnings.warn(f"compiled {self.algorithm}: no native kernel ({err}); using torch.compile", stacklevel=3)
-                self._kernels[key] = None
-        return self._kernels[key]
-
-    def native_ok(self, args: Sequence[Tensor], mt: Sequence[Tensor], vjp: bool = False) -> LaneKernel | None:
-        """The native kernel for these inputs, if this function uses native kernels and one exists."""
-        if not self.native or args[0].device.type != "cpu":
-            return None
-        if vjp and (self.algorithm != "forward_dynamics" or any(t.requires_grad for t in mt)
-                    or self.kernel(args[0].dtype) is None):
-            return None
-        return self.kernel(args[0].dtype, vjp)
-
-    def evaluate(self, args: Sequence[Tensor], mt: Sequence[Tensor]) -> Tensor:
+    def _evaluate(self, args: Sequence[Tensor], mt: Sequence[Tensor]) -> Tensor:
         """The algorithm's value without a graph: the native kernel on the CPU (any batch size),
         else the compiled torch function, chunk by chunk."""
+        if self._native_on(args[0]):
+            try:
+                return self._call.value(list(args), native_constants(mt, args[0].dtype))
+            except NativeUnavailable as err:
+                self._native_failed(err)
         B = args[0].shape[0]
-        kernel = self.native_ok(args, mt)
-        if kernel is not None:
-            return kernel(args, mt)
         with torch.no_grad():
             mt = [kernel_input(t) for t in mt]
             outs = [self._forward(*[kernel_input(self._pad(a, s, e)) for a in args], *mt)[: e - s]
                     for s, e in self._pieces(B)]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def pullback(self, args: Sequence[Tensor], mt: Sequence[Tensor], g: Tensor,
-                 needs: Sequence[bool]) -> list[Tensor | None]:
+    def _pullback(self, args: Sequence[Tensor], mt: Sequence[Tensor], g: Tensor,
+                  needs: Sequence[bool]) -> list[Tensor | None]:
         """Cotangents of ``(*args, *mt)`` for the output cotangent ``g`` (``None`` where not needed);
         the model-tensor cotangents are summed over the batch."""
         needs = tuple(bool(x) for x in needs)
         out: list[Tensor | None] = [None] * len(needs)
         if not any(needs):
             return out
+        n = self.n_args
+        if self._native_on(args[0]):
+            fields = tuple(i for i, f in enumerate(needs[n:]) if f)
+            try:
+                grads, reds = self._call.pullback(list(args), native_constants(mt, args[0].dtype), g, fields,
+                                                  [self._call.offsets[i] for i in fields])
+            except NativeUnavailable as err:
+                self._native_failed(err)
+            else:
+                for i in range(n):
+                    out[i] = grads[i].to(args[i].dtype) if needs[i] else None
+                for i, r in zip(fields, reds):
+                    out[n + i] = r.view(mt[i].shape).to(mt[i].dtype)
+                return out
         n, B = self.n_args, args[0].shape[0]
         idx = [i for i, f in enumerate(needs) if f]
         arg_parts: dict[int, list[Tensor]] = {i: [] for i in idx if i < n}
@@ -263,7 +255,7 @@ class CompiledDynamics:
             out[i] = parts[0] if len(parts) == 1 else torch.cat(parts)
         return out
 
-    def evaluate_differentiable(self, args: Sequence[Tensor], mt: Sequence[Tensor]) -> Tensor:
+    def _evaluate_differentiable(self, args: Sequence[Tensor], mt: Sequence[Tensor]) -> Tensor:
         """The algorithm's value with its graph, chunk by chunk. With autograd on, torch.compile
         traces the joint forward and backward graph (AOTAutograd): the backward is compiled as
         well and reuses the forward's intermediates instead of recomputing the algorithm."""
@@ -273,21 +265,47 @@ class CompiledDynamics:
                 for s, e in self._pieces(B)]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def apply(self, args: Sequence[Tensor], mt: Sequence[Tensor], value: Tensor | None = None) -> Tensor:
+    def _apply(self, args: Sequence[Tensor], mt: Sequence[Tensor], value: Tensor | None = None) -> Tensor:
         """Evaluate with autograd support; ``value``, if given, is the already known output (its
-        backward is then the compiled VJP kernel at ``args``, which recomputes the algorithm)."""
+        backward is then the VJP kernel at ``args``, which recomputes the algorithm)."""
         tensors = [*args, *mt]
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            if value is None and self.native_ok(args, mt, vjp=True) is not None:
-                return _NativeDynamics.apply(self, tuple(mt), *args)
-            if value is None and self.algorithm == "forward_dynamics" and not any(t.requires_grad for t in mt):
+            if value is not None:
+                return _Compiled.apply(self, value, *tensors)
+            if self._native_on(args[0]):
+                try:
+                    return call_native_with(self._call, list(args), list(mt))
+                except NativeUnavailable as err:
+                    self._native_failed(err)
+            if self.algorithm == "forward_dynamics" and not any(t.requires_grad for t in mt):
                 return _CompiledForwardDynamics.apply(self, tuple(mt), *args)
-            if value is None:
-                return self.evaluate_differentiable(args, mt)
-            return _Compiled.apply(self, value, *tensors)
-        return value if value is not None else self.evaluate(args, mt)
+            return self._evaluate_differentiable(args, mt)
+        return value if value is not None else self._evaluate(args, mt)
 
-    def check(self, args: Sequence[Tensor]) -> None:
+    def _native_on(self, ref: Tensor) -> bool:
+        return self._call is not None and ref.device.type == "cpu"
+
+    def _native_failed(self, err: Exception) -> None:
+        """A kernel could not be built or loaded: say so once and use the torch implementation."""
+        self._call = None
+        how = "torch.compile" if self.compiled else "the eager torch code"
+        warnings.warn(f"compiled {self.algorithm} of '{self.model.name}': no native kernel ({err}); using {how}",
+                      stacklevel=4)
+
+    def _check(self, args: Sequence[Tensor]) -> None:
+        if len(args) == self.n_args:
+            ref = args[0]
+            try:
+                B, dtype, cpu = ref.shape[0], ref.dtype, ref.is_cpu
+                if all(t.dim() == 2 and t.shape[0] == B and t.shape[1] == n and t.dtype is dtype and t.is_cpu == cpu
+                       for t, n in zip(args, self.sizes)) and (cpu or all(t.device == ref.device for t in args)):
+                    return
+            except (AttributeError, IndexError, TypeError):
+                pass
+        self._explain(args)
+
+    def _explain(self, args: Sequence[Tensor]) -> None:
+        """Raise the :class:`ShapeError` that says what is wrong with ``args``."""
         if len(args) != self.n_args:
             raise ShapeError(f"compiled {self.algorithm}: expected {self.n_args} tensors, got {len(args)}")
         ref = args[0]
@@ -303,34 +321,17 @@ class CompiledDynamics:
                     f"{tuple(ref.shape)} {ref.dtype} on {ref.device}; pass one batch size, dtype and device")
 
     def __call__(self, *args: Tensor) -> Tensor:
-        self.check(args)
+        self._check(args)
+        if self._call is not None and args[0].device.type == "cpu":
+            try:
+                return call_native(self._call, list(args), self.model)
+            except NativeUnavailable as err:
+                self._native_failed(err)
         mt = self.model.model_tensors(args[0].dtype, args[0].device)
-        return self.apply(args, tuple(mt))
+        return self._apply(args, tuple(mt))
 
     def __repr__(self) -> str:
         return f"CompiledDynamics({self.model.name!r}, {self.algorithm!r}, chunk={self.chunk})"
-
-
-class _NativeDynamics(torch.autograd.Function):
-    """Forward dynamics by native kernels: the value by the ABA kernel, the cotangents of
-    ``(q, v, tau)`` by the kernel of ABA's reverse mode, which recomputes the forward pass per
-    state in registers (only the inputs are saved). Used when no model tensor needs a gradient."""
-
-    @staticmethod
-    def forward(ctx, dyn: CompiledDynamics, mt: tuple, q: Tensor, v: Tensor, tau: Tensor) -> Tensor:
-        ctx.dyn, ctx.mt = dyn, mt
-        ctx.save_for_backward(q, v, tau)
-        return dyn.kernel(q.dtype)((q, v, tau), mt)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, g: Tensor):
-        q, v, tau = ctx.saved_tensors
-        model = ctx.dyn.model
-        got = ctx.dyn.kernel(q.dtype, vjp=True)((q, v, tau, g), ctx.mt)
-        gq, gv, gtau = got.split([model.nq, model.nv, model.nv], dim=1)
-        needs = ctx.needs_input_grad
-        return (None, None, gq if needs[2] else None, gv if needs[3] else None, gtau if needs[4] else None)
 
 
 class _CompiledForwardDynamics(torch.autograd.Function):
@@ -381,7 +382,7 @@ class _Compiled(torch.autograd.Function):
     def backward(ctx, g: Tensor):
         dyn = ctx.dyn
         tensors = ctx.saved_tensors
-        grads = dyn.pullback(tensors[: dyn.n_args], tensors[dyn.n_args:], g, ctx.needs_input_grad[2:])
+        grads = dyn._pullback(tensors[: dyn.n_args], tensors[dyn.n_args:], g, ctx.needs_input_grad[2:])
         return (None, None, *grads)
 
 

@@ -24,6 +24,7 @@ from ._common import (
     tree_sum,
     world_inertia,
 )
+from .kernels import default_native
 
 __all__ = ["crba", "mass_matrix", "crba_flat"]
 
@@ -63,6 +64,9 @@ def crba(robot: RobotParameters, q: Tensor) -> Tensor:
         (..., nv, nv) symmetric positive definite joint-space inertia (kg m^2, kg).
     """
     flat, batch = as_state(robot, [("q", q, robot.nq)])
+    M = default_native(robot, "mass_matrix", flat, True, False)
+    if M is not None:
+        return M.reshape(*batch, robot.nv, robot.nv)
     tree, mt = bind(robot, flat[0])
     M = generalized_mass(tree, crba_flat(tree, mt, joint_q(tree, flat[0])))
     return M.reshape(*batch, robot.nv, robot.nv)

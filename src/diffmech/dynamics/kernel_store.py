@@ -65,7 +65,7 @@ except ImportError:  # pragma: no cover
     fcntl = pwd = None
 
 __all__ = [
-    "NativeUnavailable", "KernelCacheWarning", "FLAGS", "MVEC_FLAGS", "STORE_FORMAT",
+    "NativeUnavailable", "NotBuilt", "KernelCacheWarning", "FLAGS", "MVEC_FLAGS", "STORE_FORMAT",
     "compiler_command", "available", "cache_root", "load_kernel",
 ]
 
@@ -86,6 +86,10 @@ _TMP_NAME = re.compile(r"tmp-(\d+)-")
 class NativeUnavailable(DiffmechError):
     """No native kernel: no C compiler, a device other than the CPU, an operation the code generator
     does not know, or a build or load that failed (the callers then use the torch implementation)."""
+
+
+class NotBuilt(NativeUnavailable):
+    """:func:`load_kernel` was asked not to build (``build=None``) and no verified kernel is stored."""
 
 
 class KernelCacheWarning(UserWarning):
@@ -462,7 +466,7 @@ def _dlopen(path: Path, ident: tuple[int, int], symbols: Sequence[str], root: Pa
     return lib
 
 
-def load_kernel(key: str, build: Callable[[], tuple[str, dict]], *, name: str = "kernel",
+def load_kernel(key: str, build: Callable[[], tuple[str, dict]] | None, *, name: str = "kernel",
                 symbols: Sequence[str] = ("kernel",)) -> tuple[ctypes.CDLL, dict]:
     """The native kernel identified by ``key``, from this process's memo, from disk, or built.
 
@@ -471,6 +475,7 @@ def load_kernel(key: str, build: Callable[[], tuple[str, dict]], *, name: str = 
             the compiler, the CPU and the flags).
         build: called only when no verified kernel is stored: returns the C source and a
             JSON-serialisable dict of metadata, stored beside the library and returned with it.
+            ``None``: never build; raise :class:`NotBuilt` when nothing is stored.
         name: the kernel in messages (``"iiwa forward_dynamics float64"``).
         symbols: functions the library must export (checked on load).
 
@@ -508,6 +513,8 @@ def load_kernel(key: str, build: Callable[[], tuple[str, dict]], *, name: str = 
             else:
                 _MEMO[digest] = (lib, record["meta"])
                 return _MEMO[digest]
+        if build is None:
+            raise NotBuilt(f"{label}: not built yet")
         _remove_stale(root)
         built = build()
         if not (isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], str)

@@ -27,6 +27,7 @@ from ._common import (
     tree_sum,
     velocity_terms,
 )
+from .kernels import default_native
 
 __all__ = ["rnea", "inverse_dynamics", "bias_forces", "generalized_gravity", "rnea_flat", "rnea_bl"]
 
@@ -107,6 +108,9 @@ def rnea(
     flat, batch = as_state(
         robot, [("q", q, robot.nq), ("v", v, robot.nv), ("a", a, robot.nv), f_ext_entry(robot, f_ext)]
     )
+    out = default_native(robot, "inverse_dynamics", flat, passive, f_ext is not None)
+    if out is not None:
+        return out.reshape(*batch, robot.nv)
     tree, mt = bind(robot, flat[0])
     q, v, a = joint_q(tree, flat[0]), joint_v(tree, flat[1]), joint_v(tree, flat[2])
     tau = rnea_flat(tree, mt, q, v, a, f_ext=flat[3] if f_ext is not None else None, passive=passive)

@@ -223,6 +223,7 @@ class _ObservedDict(dict):
         return (dict, (dict(self),))
 
 
+_CPU = torch.device("cpu")
 _DATA = torch._C.TensorBase.data
 _REQUIRES_GRAD = torch._C.TensorBase.requires_grad
 
@@ -472,6 +473,7 @@ class RobotParameters(nn.Module):
         self._live = live
         self._snapshot = flat.clone()
         self._entries: dict = {}
+        self._flat_entries: dict = {}
         self._version += 1
         self._layout_gen = gen.n
 
@@ -491,7 +493,7 @@ class RobotParameters(nn.Module):
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        for key in ("_flat", "_snapshot", "_entries", "_live", "_slot_list"):
+        for key in ("_flat", "_snapshot", "_entries", "_flat_entries", "_live", "_slot_list"):
             state.pop(key, None)
         return state
 
@@ -586,7 +588,7 @@ class RobotParameters(nn.Module):
             return self._derive(dtype, device)
         if not torch.equal(self._flat, self._snapshot):
             self._snapshot = self._flat.clone()
-            self._entries = {}
+            self._entries, self._flat_entries = {}, {}
             self._version += 1
         key = (dtype, device)
         mt = self._entries.get(key)
@@ -596,6 +598,18 @@ class RobotParameters(nn.Module):
                 mt = self._derive(dtype, device)
             self._entries[key] = mt
         return mt
+
+    def model_tensors_flat(self, dtype: torch.dtype) -> tuple[ModelTensors, Tensor]:
+        """:meth:`model_tensors` on the CPU in ``dtype``, and their values flattened and concatenated
+        in field order (the constants argument of native kernels); cached with them."""
+        mt = self.model_tensors(dtype, _CPU)
+        hit = self._flat_entries.get(dtype)
+        if hit is not None and hit[0] is mt:  # the entry holds mt, so its identity is not recycled
+            return hit
+        flat = torch.cat([t.detach().reshape(-1) for t in mt])
+        if not self._live:
+            self._flat_entries[dtype] = (mt, flat)
+        return mt, flat
 
     def _derive(self, dtype: torch.dtype, device: torch.device, direct: bool = False) -> ModelTensors:
         raw = self._read_direct() if direct else self.raw_parameters()

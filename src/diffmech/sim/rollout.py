@@ -213,7 +213,7 @@ class _Tape:
 
     def record(self, q, v, tau, f_ext):
         if self.dyn is not None:
-            a = self.dyn.evaluate((q, v, tau), self.mt)
+            a = self.dyn._evaluate((q, v, tau), self.mt)
         else:
             a = forward_dynamics_flat(self.robot.tree, self.robot.model_tensors(q.dtype, q.device), q, v, tau, f_ext,
                                       self.passive, "auto", True)
@@ -225,7 +225,7 @@ class _Tape:
         a = self.A[self.k, self.s]
         self.s += 1
         if self.dyn is not None:
-            return self.dyn.apply((q, v, tau), self.mt, value=a)
+            return self.dyn._apply((q, v, tau), self.mt, value=a)
         return _ReplayedDynamics.apply(self.robot, self.passive, q, v, tau, f_ext, a, *self.params)
 
 
@@ -261,7 +261,7 @@ def _plain_accel(cfg: _Config) -> Callable | None:
     if cfg.dyn is None:
         return None
     dyn, mt = cfg.dyn, cfg.mt
-    return lambda q, v, tau, f_ext: dyn.apply((q, v, tau), mt)
+    return lambda q, v, tau, f_ext: dyn._apply((q, v, tau), mt)
 
 
 class _CheckpointRollout(torch.autograd.Function):

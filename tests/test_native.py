@@ -1,0 +1,312 @@
+"""Native kernels (lane programs compiled to C): values, gradients w.r.t. the state and the learnable
+parameters, external forces, the default path of the public functions, the kernel store keyed by
+structure, and what happens without a C compiler. The torch implementation is the reference here
+(itself checked against Pinocchio in test_oracle_pinocchio.py and test_implementations.py)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+import diffmech
+from conftest import get_robot, random_state, robot_path
+from diffmech.dynamics import compiled, kernels, native
+from diffmech.model import systems
+from diffmech.model.params import PositiveScalar, make_link_inertial_learnable
+
+needs_cc = pytest.mark.skipif(not native.available(), reason="no C compiler for native kernels")
+pytestmark = needs_cc
+F64 = torch.float64
+ALGS = ["forward_dynamics", "inverse_dynamics", "mass_matrix"]
+
+
+def rel_err(got, want):
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-300))
+
+
+def small_robots():
+    """A chain with damping and springs, a branching tree, and the tree on a floating base."""
+    chain = systems.n_link_pendulum(3, damping=(0.3, 0.1, 0.2), stiffness=(2.0, 0.0, 5.0), rest=(0.1, -0.2, 0.3))
+    with pytest.warns(UserWarning, match="inertial"):
+        tree = diffmech.load_urdf(robot_path("branching_tree"))
+    with pytest.warns(UserWarning, match="inertial"):
+        free = diffmech.load_urdf(robot_path("branching_tree"), floating_base=True)
+    return {"chain": chain, "tree": tree, "free": free}
+
+
+@pytest.fixture(scope="module")
+def robots():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return small_robots()
+
+
+def _args(robot, algorithm, B, seed, f_ext=False):
+    q, v, a, f = random_state(robot, (B,), seed=seed)
+    if algorithm == "mass_matrix":
+        return (q,)
+    return (q, v, a, f) if f_ext else (q, v, a)
+
+
+def _torch(robot, algorithm, args, passive=True):
+    with kernels.native_mode("never"):
+        if algorithm == "mass_matrix":
+            return robot.mass_matrix(*args)
+        f = args[3] if len(args) == 4 else None
+        fn = robot.forward_dynamics if algorithm == "forward_dynamics" else robot.inverse_dynamics
+        return fn(*args[:3], f_ext=f, passive=passive)
+
+
+@pytest.mark.parametrize("name", ["chain", "tree", pytest.param("free", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("algorithm", ALGS)
+def test_values_match_the_torch_code(robots, name, algorithm):
+    robot = robots[name]
+    f = compiled(robot, algorithm)
+    for B in (1, 37):  # 37: two full tiles of 16 and a tail
+        args = _args(robot, algorithm, B, seed=B)
+        with torch.no_grad():
+            got = f(*args)
+        want = _torch(robot, algorithm, args)
+        assert got.shape == want.shape and got.dtype == F64
+        assert rel_err(got, want) < 1e-11, (name, algorithm, B)
+    assert f._call is not None  # the native path ran, not a fallback
+
+
+@pytest.mark.parametrize("name", ["chain", pytest.param("free", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("algorithm", ["forward_dynamics", "inverse_dynamics"])
+def test_external_forces_and_passive_terms(robots, name, algorithm):
+    robot = robots[name]
+    for passive in (True, False):
+        args = _args(robot, algorithm, 19, seed=3, f_ext=True)
+        with kernels.native_mode("build"):
+            fn = robot.forward_dynamics if algorithm == "forward_dynamics" else robot.inverse_dynamics
+            got = fn(*args[:3], f_ext=args[3], passive=passive)
+        assert rel_err(got, _torch(robot, algorithm, args, passive)) < 1e-11
+
+
+@pytest.mark.parametrize("name", ["chain", pytest.param("free", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("algorithm", ALGS)
+def test_gradients_of_state_and_parameters(robots, name, algorithm):
+    """The kernel of the reverse mode: state cotangents per state, parameter cotangents summed over
+    the batch -- against autograd through the torch code."""
+    robot = copy.deepcopy(robots[name])
+    massive = [n for n in robot.link_names if float(robot.link_params(n).mass) > 0]
+    make_link_inertial_learnable(robot, massive[-1])
+    robot.make_link_param_learnable(massive[0], "mass", PositiveScalar())
+    if name == "chain":
+        robot.make_link_param_learnable("link2", "damping")
+        robot.make_link_param_learnable("link3", "stiffness")
+    params = list(robot.learnable_parameters().values())
+    args = [t.clone().requires_grad_(True) for t in _args(robot, algorithm, 21, seed=5)]
+    w = torch.randn(_torch(robot, algorithm, args).shape, dtype=F64, generator=torch.Generator().manual_seed(1))
+    got = torch.autograd.grad((compiled(robot, algorithm)(*args) * w).sum(), args + params, allow_unused=True)
+    want = torch.autograd.grad((_torch(robot, algorithm, args) * w).sum(), args + params, allow_unused=True)
+    for k, (a, b) in enumerate(zip(got, want)):
+        if b is None:  # the mass matrix does not depend on v, the torques or the passive terms
+            assert a is None or not a.any(), (name, algorithm, k)
+            continue
+        assert rel_err(a, b) < 1e-10, (name, algorithm, k)
+
+
+def test_second_derivatives_differentiate_the_torch_code(robots):
+    robot = robots["chain"]
+    q, v, tau = (t.clone().requires_grad_(True) for t in _args(robot, "forward_dynamics", 3, seed=2))
+    f = compiled(robot, "forward_dynamics")
+    (gq,) = torch.autograd.grad(f(q, v, tau).square().sum(), q, create_graph=True)
+    (hq,) = torch.autograd.grad(gq.sum(), q)
+    with kernels.native_mode("never"):
+        (gq2,) = torch.autograd.grad(robot.forward_dynamics(q, v, tau, fast_grad=False).square().sum(), q,
+                                     create_graph=True)
+        (hq2,) = torch.autograd.grad(gq2.sum(), q)
+    assert rel_err(gq.detach(), gq2.detach()) < 1e-10 and rel_err(hq, hq2) < 1e-9
+
+
+def test_threads_and_float32(robots):
+    robot = robots["tree"]
+    args = _args(robot, "inverse_dynamics", 2 * native.MIN_STATES_PER_THREAD + 3, seed=5)
+    f = compiled(robot, "inverse_dynamics")
+    want = _torch(robot, "inverse_dynamics", args)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)  # the batch is split between two threads
+        with torch.no_grad():
+            got = f(*args)
+            got32 = f(*[a.float() for a in args])
+    finally:
+        torch.set_num_threads(threads)
+    assert rel_err(got, want) < 1e-12
+    assert got32.dtype == torch.float32 and rel_err(got32.double(), want) < 1e-5
+
+
+def test_every_way_of_changing_a_parameter_reaches_the_kernels(robots):
+    robot = copy.deepcopy(robots["chain"])
+    f = compiled(robot, "forward_dynamics")
+    args = _args(robot, "forward_dynamics", 6, seed=2)
+
+    def check():
+        with torch.no_grad():
+            got = f(*args)
+        assert rel_err(got, _torch(robot, "forward_dynamics", args)) < 1e-11
+        return got
+
+    before = check()
+    robot.link_params("link3").mass.data.mul_(3.0)  # .data bypasses version counters
+    after = check()
+    assert not torch.allclose(before, after)
+    robot.joint_params("joint2").damping.data = torch.tensor(0.9, dtype=F64)  # rebinding
+    robot.set_gravity([0.0, 0.0, -3.0])
+    robot.load_state_dict({**robot.state_dict(), "links.2.mass": torch.tensor(0.5, dtype=F64)})
+    check()
+
+
+def test_the_default_path_uses_built_kernels_only(robots, monkeypatch):
+    robot = robots["tree"]
+    args = _args(robot, "inverse_dynamics", 5, seed=8)
+    want = _torch(robot, "inverse_dynamics", args)
+    ran = []
+    real = kernels.call_native
+
+    def spy(call, state, rb):
+        ran.append(call.algorithm)
+        return real(call, state, rb)
+
+    monkeypatch.setattr(kernels, "call_native", spy)
+    kernels.prepare(robot, ["inverse_dynamics"], gradients=False)
+    with kernels.native_mode("auto"):
+        got = robot.inverse_dynamics(*args)
+        assert diffmech.rnea(robot, *args).equal(got)
+        # no reverse-mode kernel was built: a differentiable call falls back to the torch code
+        q = args[0].clone().requires_grad_(True)
+        robot.inverse_dynamics(q, *args[1:]).sum().backward()
+    assert ran and rel_err(got, want) < 1e-12
+    with kernels.native_mode("never"):
+        ran.clear()
+        robot.inverse_dynamics(*args)
+        assert not ran
+
+
+def test_kernels_are_shared_by_trees_of_one_structure():
+    """Names and parameter values are not part of a kernel: a second robot with the same tree
+    reuses the first one's kernel (no tracing, no compiling)."""
+    a = systems.n_link_pendulum(2, masses=1.0, lengths=1.0)
+    b = systems.n_link_pendulum(2, masses=(2.0, 0.5), lengths=(0.3, 0.7), damping=0.2)
+    assert a.tree.structure_hash == b.tree.structure_hash
+    fa = compiled(a, "inverse_dynamics")
+    args = _args(a, "inverse_dynamics", 4, seed=1)
+    with torch.no_grad():
+        fa(*args)
+        t0 = time.perf_counter()
+        got = compiled(b, "inverse_dynamics")(*args)
+        assert time.perf_counter() - t0 < 0.5
+    assert rel_err(got, _torch(b, "inverse_dynamics", args)) < 1e-12
+    c = systems.n_link_pendulum(3)
+    assert c.tree.structure_hash != a.tree.structure_hash
+
+
+def _python(code: str, env: dict) -> subprocess.CompletedProcess:
+    full = {**os.environ, **env}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=full,
+                          timeout=600)
+
+
+def test_a_fresh_process_loads_stored_kernels_without_tracing(tmp_path):
+    """The first call of a process whose kernels are on disk costs a load, not a trace and a
+    compile (target: under 0.5 s)."""
+    code = """
+        import time, warnings
+        import torch, diffmech
+        from diffmech.dynamics import compiled, kernels
+        kernels.set_native("auto")
+        robot = diffmech.model.systems.n_link_pendulum(4)
+        q = torch.zeros(2, 4, dtype=torch.float64)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            compiled(robot, "forward_dynamics")(q, q, q)
+        t1 = time.perf_counter()
+        print(f"first call {t1 - t0:.4f} s")
+    """
+    env = {"DIFFMECH_CACHE_DIR": str(tmp_path)}
+    cold = _python(code, env)
+    assert cold.returncode == 0, cold.stderr
+    warm = _python(code, env)
+    assert warm.returncode == 0, warm.stderr
+    seconds = float(warm.stdout.split()[-2])
+    print(cold.stdout.strip(), "->", warm.stdout.strip())
+    assert seconds < 0.5
+
+
+def test_without_any_c_compiler_compiled_runs_the_torch_code_eagerly(tmp_path):
+    """A stripped PATH (no cc, gcc or $CC): native kernels and torch.compile both need a compiler;
+    ``compiled`` warns once and runs the torch code eagerly, with the same results."""
+    code = """
+        import warnings, torch, diffmech
+        from diffmech.dynamics import compiled, native
+        assert not native.available()
+        robot = diffmech.model.systems.n_link_pendulum(3)
+        q = torch.rand(5, 3, dtype=torch.float64)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            f = compiled(robot, "forward_dynamics")
+            out = f(q, q, q)
+            out = f(q, q, q)
+        msgs = [str(x.message) for x in w if "compiler" in str(x.message)]
+        assert len(msgs) == 1, msgs
+        assert w[0].filename.endswith("<string>"), w[0].filename  # points at the caller's line
+        with diffmech.dynamics.kernels.native_mode("never"):
+            ref = robot.forward_dynamics(q, q, q)
+        assert torch.allclose(out, ref, rtol=1e-12, atol=1e-12)
+        print("ok")
+    """
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    res = _python(code, {"PATH": str(empty), "CC": "", "DIFFMECH_CACHE_DIR": str(tmp_path / "cache")})
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-3000:]
+
+
+def test_unsupported_operation_and_dtype_are_refused():
+    def program(x, c):
+        return torch.stack([torch.tanh(x[0]) * c[0]])
+
+    with pytest.raises(native.NativeUnavailable, match="unsupported operation"):
+        native.kernel_of(program, [1], [torch.ones(1, dtype=F64)], F64)
+    with pytest.raises(native.NativeUnavailable, match="dtype"):
+        native.kernel_of(program, [1], [torch.ones(1, dtype=torch.float16)], torch.float16)
+
+
+def test_lane_kernel_on_a_small_program():
+    def program(x, c):  # x (2, B): rows a, b -> (a * b + c0, sin(a) / b)
+        return torch.stack([x[0] * x[1] + c[0], torch.sin(x[0]) / x[1]])
+
+    k = native.kernel_of(program, [2], [torch.zeros(1, dtype=F64)], F64)
+    x = torch.rand(21, 2, dtype=F64) + 0.5
+    out = k([x], torch.tensor([0.25], dtype=F64))
+    torch.testing.assert_close(out, torch.stack([x[:, 0] * x[:, 1] + 0.25, x[:, 0].sin() / x[:, 1]], 1),
+                               rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", ["iiwa", "allegro", "laikago"])
+def test_real_robots(key):
+    robot = copy.deepcopy(get_robot(key))
+    for algorithm in ALGS:
+        args = _args(robot, algorithm, 23, seed=4)
+        with torch.no_grad():
+            assert rel_err(compiled(robot, algorithm)(*args), _torch(robot, algorithm, args)) < 1e-10
+    link = robot.link_names[3]
+    robot.make_link_param_learnable(link, "mass")
+    robot.make_link_param_learnable(link, "inertia")
+    params = list(robot.learnable_parameters().values())
+    args = [t.clone().requires_grad_(True) for t in _args(robot, "inverse_dynamics", 23, seed=4)]
+    got = torch.autograd.grad(compiled(robot, "inverse_dynamics")(*args).square().sum(), args + params)
+    want = torch.autograd.grad(_torch(robot, "inverse_dynamics", args).square().sum(), args + params)
+    for a, b in zip(got, want):
+        assert rel_err(a, b) < 1e-10
