@@ -49,6 +49,7 @@ ROBOTS: dict[str, tuple[str, str, bool]] = {
     "branching_tree": ("assets", "branching_tree.urdf", False),
     "laikago": ("pybullet", "laikago/laikago_toes_zup.urdf", True),
     "humanoid": ("assets", "humanoid.urdf", True),
+    "floating_pair": ("assets", "floating_pair.urdf", True),
 }
 
 FLOATING = [k for k, v in ROBOTS.items() if v[2]]

@@ -34,10 +34,8 @@ def rel_err(got, want):
 def small_robots():
     """A chain with damping and springs, a branching tree, and the tree on a floating base."""
     chain = systems.n_link_pendulum(3, damping=(0.3, 0.1, 0.2), stiffness=(2.0, 0.0, 5.0), rest=(0.1, -0.2, 0.3))
-    with pytest.warns(UserWarning, match="inertial"):
-        tree = diffmech.load_urdf(robot_path("branching_tree"))
-    with pytest.warns(UserWarning, match="inertial"):
-        free = diffmech.load_urdf(robot_path("branching_tree"), floating_base=True)
+    tree = diffmech.load_urdf(robot_path("branching_tree"))
+    free = diffmech.load_urdf(robot_path("floating_pair"), floating_base=True)
     return {"chain": chain, "tree": tree, "free": free}
 
 
@@ -66,7 +64,7 @@ def _torch(robot, algorithm, args, passive=True):
         return fn(*args[:3], f_ext=f, passive=passive)
 
 
-@pytest.mark.parametrize("name", ["chain", "tree", pytest.param("free", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["chain", "tree", "free"])
 @pytest.mark.parametrize("algorithm", ALGS)
 def test_values_match_the_torch_code(robots, name, algorithm):
     robot = robots[name]
@@ -81,7 +79,7 @@ def test_values_match_the_torch_code(robots, name, algorithm):
     assert f._call is not None  # the native path ran, not a fallback
 
 
-@pytest.mark.parametrize("name", ["chain", pytest.param("free", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["chain", "free"])
 @pytest.mark.parametrize("algorithm", ["forward_dynamics", "inverse_dynamics"])
 def test_external_forces_and_passive_terms(robots, name, algorithm):
     robot = robots[name]
@@ -93,7 +91,7 @@ def test_external_forces_and_passive_terms(robots, name, algorithm):
         assert rel_err(got, _torch(robot, algorithm, args, passive)) < 1e-11
 
 
-@pytest.mark.parametrize("name", ["chain", pytest.param("free", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["chain", "free"])
 @pytest.mark.parametrize("algorithm", ALGS)
 def test_gradients_of_state_and_parameters(robots, name, algorithm):
     """The kernel of the reverse mode: state cotangents per state, parameter cotangents summed over

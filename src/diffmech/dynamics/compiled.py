@@ -53,12 +53,17 @@ __all__ = ["compiled", "CompiledDynamics", "DEFAULT_CHUNK"]
 DEFAULT_CHUNK = 2048
 
 
-def _fd(tree, mt, passive, q, v, u):
-    return aba_flat(tree, mt, q, v, u, None, passive)
+def _link_forces(f: Tensor | None) -> Tensor | None:
+    """External forces flattened to ``(B, n_links * 6)`` rows (as kernels take them) -> ``(B, n_links, 6)``."""
+    return None if f is None else f.reshape(f.shape[0], -1, 6)
 
 
-def _id(tree, mt, passive, q, v, a):
-    return rnea_flat(tree, mt, q, v, a, None, passive)
+def _fd(tree, mt, passive, q, v, u, f=None):
+    return aba_flat(tree, mt, q, v, u, _link_forces(f), passive)
+
+
+def _id(tree, mt, passive, q, v, a, f=None):
+    return rnea_flat(tree, mt, q, v, a, _link_forces(f), passive)
 
 
 def _mm(tree, mt, passive, q):
@@ -121,7 +126,7 @@ class CompiledDynamics:
     """
 
     def __init__(self, model: RobotParameters, algorithm: str, chunk: int | None, compile: bool, passive: bool,
-                 compile_options: dict, native: bool | None = None):
+                 compile_options: dict, native: bool | None = None, f_ext: bool = False):
         if algorithm not in _ALGORITHMS:
             raise OptionError(f"compiled: unknown algorithm {algorithm!r}; choose from {sorted(_ALGORITHMS)}")
         if model.tree.coords is not None:
@@ -138,9 +143,15 @@ class CompiledDynamics:
             warnings.warn(f"compiled {algorithm} of '{model.name}': no C compiler found (set $CC or install gcc); "
                           "using the eager torch code", stacklevel=3)
             self.compiled = False
-        self._call = NativeCall(model.tree, algorithm, self.passive, False, build=True) if self.native else None
+        if f_ext and algorithm == "mass_matrix":
+            raise OptionError("compiled: the mass matrix takes no external forces (f_ext=True)")
+        self.f_ext = bool(f_ext)
+        self._call = NativeCall(model.tree, algorithm, self.passive, self.f_ext, build=True) if self.native else None
         self.n_args, fn = _ALGORITHMS[algorithm]
         self.sizes = [model.nq, model.nv, model.nv][: self.n_args]
+        if self.f_ext:
+            self.n_args += 1
+            self.sizes.append(6 * model.n_links)
         n = self.n_args
         passive = self.passive
         tree = model.tree
@@ -277,7 +288,7 @@ class CompiledDynamics:
                     return call_native_with(self._call, list(args), list(mt))
                 except NativeUnavailable as err:
                     self._native_failed(err)
-            if self.algorithm == "forward_dynamics" and not any(t.requires_grad for t in mt):
+            if self.algorithm == "forward_dynamics" and not self.f_ext and not any(t.requires_grad for t in mt):
                 return _CompiledForwardDynamics.apply(self, tuple(mt), *args)
             return self._evaluate_differentiable(args, mt)
         return value if value is not None else self._evaluate(args, mt)
@@ -309,7 +320,7 @@ class CompiledDynamics:
         if len(args) != self.n_args:
             raise ShapeError(f"compiled {self.algorithm}: expected {self.n_args} tensors, got {len(args)}")
         ref = args[0]
-        for name, t, n in zip(("q", "v", "u"), args, self.sizes):
+        for name, t, n in zip(("q", "v", "u", "f_ext"), args, self.sizes):
             if not isinstance(t, Tensor):
                 raise ShapeError(f"compiled {self.algorithm}: '{name}' must be a tensor, got {type(t).__name__}")
             if t.dim() != 2 or t.shape[1] != n:
@@ -321,6 +332,12 @@ class CompiledDynamics:
                     f"{tuple(ref.shape)} {ref.dtype} on {ref.device}; pass one batch size, dtype and device")
 
     def __call__(self, *args: Tensor) -> Tensor:
+        if self.f_ext and len(args) == 4 and isinstance(args[3], Tensor):
+            f = args[3]
+            if f.dim() != 3 or tuple(f.shape[1:]) != (self.model.n_links, 6):
+                raise ShapeError(f"compiled {self.algorithm}: 'f_ext' must have shape (B, {self.model.n_links}, 6), "
+                                 f"got {tuple(f.shape)}")
+            args = (*args[:3], f.reshape(f.shape[0], -1))
         self._check(args)
         if self._call is not None and args[0].device.type == "cpu":
             try:
@@ -394,35 +411,39 @@ def compiled(
     compile: bool = True,
     passive: bool = True,
     native: bool | None = None,
+    f_ext: bool = False,
     **compile_options,
 ) -> CompiledDynamics:
-    """A compiled function evaluating ``algorithm`` on flat batches, with a compiled backward.
+    """A fast function evaluating ``algorithm`` on flat batches, differentiable.
+
+    On the CPU (float64 or float32) it runs native kernels (:mod:`.kernels`), built on the first
+    call for the robot's tree structure (seconds; the reverse-mode kernels on the first
+    differentiable call) and stored on disk per user, so later processes and robots with the same
+    tree load them at once. Elsewhere, or with ``native=False``, the torch code under
+    torch.compile. :func:`diffmech.dynamics.kernels.prepare` builds kernels ahead of time.
 
     Args:
         model: the robot (its parameters are read at every call, so learnable parameters work and
             receive gradients).
         algorithm: ``"forward_dynamics"`` (``f(q, v, tau) -> qdd``, by ABA), ``"inverse_dynamics"``
             (``f(q, v, a) -> tau``) or ``"mass_matrix"`` (``f(q) -> M``).
-        chunk: batch rows per compiled call; larger batches are split (the last piece padded), so
-            one graph is compiled. ``None`` compiles each batch size as it comes.
-        compile: ``False`` keeps the chunking and the VJP backward but runs eagerly (for
-            comparison and debugging).
+        chunk: torch.compile path: batch rows per compiled call; larger batches are split (the
+            last piece padded), so one graph is compiled. ``None`` compiles each batch size.
+        compile: ``False`` keeps the torch path's chunking and VJP backward but runs eagerly (for
+            comparison and debugging), and turns native kernels off unless ``native=True``.
         passive: include the model's joint damping and springs (as the eager methods).
-        native: on the CPU, evaluate without a graph (``torch.no_grad()``, or inputs that need no
-            gradient) by a native kernel (:mod:`.native`: the algorithm's lane program compiled to
-            C by the system's C compiler, any batch size, a few seconds to build, cached on disk);
-            forward dynamics with gradients w.r.t. the state and torques only also by the native
-            kernel of its reverse mode (built by the first differentiable call, ~30 s for the
-            iiwa). ``None`` (default): when ``compile`` is true and a C compiler is found; without
-            one, a warning and torch.compile.
+        native: use native kernels on the CPU. ``None`` (default): when ``compile`` is true and a C
+            compiler is found. Without any C compiler the torch code runs eagerly (torch.compile's
+            CPU code needs a compiler too), after one warning.
+        f_ext: the function takes a fourth argument, external link forces ``(B, n_links, 6)``
+            (force; torque about the link origin, world axes), as the eager functions' ``f_ext``.
         **compile_options: passed to ``torch.compile`` (default ``dynamic=False``).
 
     Returns:
         A :class:`CompiledDynamics`: a function of flat ``(B, n)`` tensors (one dtype, device and
         batch size) returning ``(B, nv)`` (``(B, nv, nv)`` for the mass matrix). Gradients w.r.t.
-        the inputs and the model's parameters come from the compiled backward of the algorithm
-        (first order only: a second backward raises). The first call for a new shape, and the first
-        differentiable call for a new pattern of inputs needing gradients, compile (tens of seconds
-        on CPU; later processes reuse torch's on-disk cache).
+        the inputs and the model's learnable parameters come from the kernels of the reverse mode
+        (a backward with ``create_graph=True`` differentiates the torch code, so higher derivatives
+        are exact).
     """
-    return CompiledDynamics(model, algorithm, chunk, compile, passive, dict(compile_options), native)
+    return CompiledDynamics(model, algorithm, chunk, compile, passive, dict(compile_options), native, f_ext)
