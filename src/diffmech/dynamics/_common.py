@@ -404,9 +404,23 @@ def masks(tree: KinematicTree, like: Tensor) -> tuple[Tensor, Tensor]:
     return tb.mask_bd, tb.mask_db
 
 
+# Up to this many multiply-adds a masked sum is written out elementwise instead of as a GEMM: BLAS
+# runs even a 7x7 product on all its threads, and whenever another process holds a core one of them
+# is descheduled and the call waits for it -- measured on the 2-core machine under load: 7x7 @ 7x18
+# median 8 us but p90 40 ms with 2 threads, broadcast-and-sum p90 21 us. Elementwise operators
+# stay on one thread below ATen's grain size.
+BROADCAST_SUM_MAX = 1 << 16
+
+
 def tree_sum(mask: Tensor, x: Tensor) -> Tensor:
-    """``y[i] = sum_j mask[i, j] x[j]`` for ``x (n, ..., B)``: one GEMM over all trailing dims."""
-    return (mask @ x.reshape(x.shape[0], -1)).reshape(mask.shape[0], *x.shape[1:])
+    """``y[i] = sum_j mask[i, j] x[j]`` for ``x (n, ..., B)``: one GEMM over all trailing dims
+    (elementwise for small sizes, see :data:`BROADCAST_SUM_MAX`)."""
+    flat = x.reshape(x.shape[0], -1)
+    if mask.shape[0] * flat.numel() <= BROADCAST_SUM_MAX and not torch.compiler.is_compiling():
+        y = (mask[:, :, None] * flat[None]).sum(1)
+    else:
+        y = mask @ flat
+    return y.reshape(mask.shape[0], *x.shape[1:])
 
 
 def gravity_acceleration(mt: ModelTensors) -> Tensor:

@@ -49,7 +49,7 @@ def crba_flat(tree: KinematicTree, mt: ModelTensors, q: Tensor, ts: TreeState | 
         F = composite.apply(ts.S)
     tb = tree.tables(q.dtype, q.device)
     vals = (ts.S[tb.crba_d] * F[tb.crba_e]).sum(1)  # (npairs, B)
-    M = tb.crba_scatter @ vals  # (nv * nv, B)
+    M = tree_sum(tb.crba_scatter, vals)  # (nv * nv, B)
     return M.transpose(0, 1).reshape(-1, tree.nv, tree.nv)
 
 

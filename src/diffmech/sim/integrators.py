@@ -158,7 +158,7 @@ class _Configuration:
         """``(B, nv, nv)`` symmetric matrix from its values ``(npairs, B)`` at the CRBA pairs (``d`` at
         or above ``e``)."""
         nv = self.tree.nv
-        return (self.tables.crba_scatter @ vals).transpose(0, 1).reshape(-1, nv, nv)
+        return tree_sum(self.tables.crba_scatter, vals).transpose(0, 1).reshape(-1, nv, nv)
 
     def mass(self) -> Tensor:
         """``M(q) (B, nv, nv)``: ``M[d, e] = S_d . Ic_e S_e``."""
