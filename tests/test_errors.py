@@ -487,3 +487,15 @@ def test_freeze_unknown_parameter():
 def test_unknown_joint_params(arm):
     with raises(ModelError, "knee_joint", "elbow_joint"):
         arm.joint_params("knee_joint")
+
+
+def test_warnings_point_at_the_callers_line():
+    xml = robot_xml(
+        '<link name="a"/>', link("b"), joint("j", "a", "b"),
+    )
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        diffmech.load_urdf(xml)
+        diffmech.RobotModel(diffmech.parse_urdf(xml))
+    msgs = [x for x in w if "no <inertial>" in str(x.message)]
+    assert len(msgs) == 2 and all(x.filename == __file__ for x in msgs), [(x.filename, x.lineno) for x in msgs]

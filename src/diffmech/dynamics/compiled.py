@@ -28,12 +28,12 @@ ordinary autograd graph), and the backward returns the cotangents of those field
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
+from .._warnings import warn
 from ..errors import OptionError, ShapeError
 from ..model.parameters import ModelTensors, RobotParameters
 from ..model.tree import KinematicTree
@@ -140,8 +140,8 @@ class CompiledDynamics:
         self.native = (self.compiled and available()) if native is None else bool(native)
         if self.compiled and not available():
             # torch.compile's CPU code needs a C compiler as much as the native kernels do
-            warnings.warn(f"compiled {algorithm} of '{model.name}': no C compiler found (set $CC or install gcc); "
-                          "using the eager torch code", stacklevel=3)
+            warn(f"compiled {algorithm} of '{model.name}': no C compiler found (set $CC or install gcc); "
+                 "using the eager torch code")
             self.compiled = False
         if f_ext and algorithm == "mass_matrix":
             raise OptionError("compiled: the mass matrix takes no external forces (f_ext=True)")
@@ -300,8 +300,7 @@ class CompiledDynamics:
         """A kernel could not be built or loaded: say so once and use the torch implementation."""
         self._call = None
         how = "torch.compile" if self.compiled else "the eager torch code"
-        warnings.warn(f"compiled {self.algorithm} of '{self.model.name}': no native kernel ({err}); using {how}",
-                      stacklevel=4)
+        warn(f"compiled {self.algorithm} of '{self.model.name}': no native kernel ({err}); using {how}")
 
     def _check(self, args: Sequence[Tensor]) -> None:
         if len(args) == self.n_args:

@@ -28,12 +28,12 @@ import hashlib
 import json
 import math
 import threading
-import warnings
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from .._warnings import warn
 from ..errors import ModelError
 from .spec import JOINT_TYPES, JointSpec, LinkSpec, RobotSpec
 
@@ -256,7 +256,7 @@ class KinematicTree:
         joint_specs = [parent_joint[n] for n in order[1:]]  # in the order of their child link
         for link in link_specs:
             if not link.has_inertial:
-                warnings.warn(f"{src}: link '{link.name}' has no <inertial>: treated as massless", stacklevel=5)
+                warn(f"{src}: link '{link.name}' has no <inertial>: treated as massless")
         link_index = {n: i for i, n in enumerate(order)}
 
         # Bodies: the floating root (if any), then one per moving joint in depth-first order.
