@@ -34,8 +34,8 @@ from oracle import PinOracle, rel_err  # noqa: E402
 slow = pytest.mark.slow
 needs_cc = pytest.mark.skipif(not native.available(), reason="no C compiler for native kernels")
 IMPLS = ["torch", "lanes", pytest.param("native", marks=needs_cc), pytest.param("compile", marks=[needs_cc, slow])]
-ROBOTS = ["prismatic_mix", "floating_pair", pytest.param("branching_tree_free", marks=slow), pytest.param("iiwa", marks=slow),
-          pytest.param("humanoid", marks=slow)]
+ROBOTS = ["prismatic_mix", "floating_pair", pytest.param("branching_tree_free", marks=slow),
+          pytest.param("iiwa", marks=slow), pytest.param("humanoid", marks=slow)]
 FEATURES = ["plain", "passive", "f_ext", "passive+f_ext"]
 B = 3
 
