@@ -78,6 +78,9 @@ def as_state(model: RobotParameters, named: list) -> tuple[list[Tensor], tuple[i
     Returns:
         The tensors reshaped to ``(B, *trailing)`` in one dtype/device, and the common batch shape.
     """
+    fast = _as_state_flat(model, named)
+    if fast is not None:
+        return fast
     named = [x for x in named if x is not None]
     tensors = [(n, t, (k,) if isinstance(k, int) else tuple(k)) for n, t, k in named if t is not None]
     ref = next((t for _, t, _ in tensors if isinstance(t, Tensor)), None)
@@ -120,6 +123,34 @@ def as_state(model: RobotParameters, named: list) -> tuple[list[Tensor], tuple[i
     flat = [t if len(batch) == 1 and t.shape == (*batch, *k) else t.expand(*batch, *k).reshape(-1, *k)
             for _, t, k in out]
     return flat, tuple(batch)
+
+
+def _as_state_flat(model: RobotParameters, named: list) -> tuple[list[Tensor], tuple[int, ...]] | None:
+    """:func:`as_state` for the common call -- floating-point tensors already flat ``(B, *trailing)``,
+    one batch size, dtype and device type (the model's) -- in a few attribute reads; ``None``
+    otherwise (then the general path checks everything and says what is wrong)."""
+    out = []
+    ref = None
+    for entry in named:
+        if entry is None:
+            continue
+        _, t, k = entry
+        if type(t) is not Tensor:
+            return None
+        if ref is None:
+            ref = t
+            if not t.dtype.is_floating_point or t.device.type != model.device.type:
+                return None
+        elif t.dtype is not ref.dtype or t.device != ref.device:
+            return None
+        shape = t.shape
+        if isinstance(k, int):
+            if len(shape) != 2 or shape[1] != k or shape[0] != ref.shape[0]:
+                return None
+        elif shape[1:] != k or shape[0] != ref.shape[0] or len(shape) != 1 + len(k):
+            return None
+        out.append(t)
+    return (out, (ref.shape[0],)) if ref is not None else None
 
 
 class TreeState(NamedTuple):

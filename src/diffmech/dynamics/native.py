@@ -200,6 +200,9 @@ class LaneKernel:
         ``(n_reduced,)`` (float64)."""
         B = state[0].shape[0]
         out = torch.empty((B, self._out_rows), dtype=self.dtype)
+        if B < 2 * MIN_STATES_PER_THREAD and not self.n_reduced:  # the common small call, with little Python
+            self._fn(self._ptrs(*[x.data_ptr() for x in state]), C.data_ptr(), out.data_ptr(), None, 0, B)
+            return out if len(self.out_shape) == 1 else out.view(B, *self.out_shape)
         threads = 1 if B < 2 * MIN_STATES_PER_THREAD else min(torch.get_num_threads(), B // MIN_STATES_PER_THREAD)
         red = torch.zeros(threads, self.n_reduced, dtype=torch.float64) if self.n_reduced else None
         state_p = self._ptrs(*[x.data_ptr() for x in state])
