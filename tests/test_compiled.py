@@ -181,3 +181,26 @@ def test_torch_compile_hand_backward_matches_eager(key):
     g2 = torch.autograd.grad(robot.forward_dynamics(*ref).square().sum(), ref)
     for a, b in zip(g1, g2):
         assert float((a - b).abs().max()) <= 1e-9 * max(1.0, float(b.abs().max()))
+
+
+def test_a_torch_compile_failure_falls_back_to_eager(robot, monkeypatch):
+    """torch.compile's own failures (an InductorError when the C++ toolchain breaks) become one
+    warning and the eager torch code, never an exception from deep inside torch."""
+
+    class InductorError(RuntimeError):
+        pass
+
+    InductorError.__module__ = "torch._inductor.exc"
+
+    def broken(fn, **kwargs):
+        def call(*args, **kw):
+            raise InductorError("C++ compile error: cc1plus not found")
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken)
+    f = compiled(robot, "inverse_dynamics", native=False)
+    g = torch.Generator().manual_seed(3)
+    q, v, a = (torch.randn(4, robot.nv, dtype=torch.float64, generator=g) for _ in range(3))
+    with pytest.warns(UserWarning, match="torch.compile failed"):
+        out = f(q, v, a)
+    torch.testing.assert_close(out, robot.inverse_dynamics(q, v, a), rtol=1e-12, atol=1e-12)

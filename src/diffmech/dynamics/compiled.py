@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from .._warnings import warn
-from ..errors import OptionError, ShapeError
+from ..errors import DiffmechError, OptionError, ShapeError
 from ..model.parameters import ModelTensors, RobotParameters
 from ..model.tree import KinematicTree
 from ._common import RigidInertia, TreeState
@@ -99,6 +99,13 @@ _ALGORITHMS: dict[str, tuple[int, Callable]] = {
 }
 
 
+def _from_torch_compile(err: BaseException) -> bool:
+    """Whether ``err`` was raised by torch.compile's machinery (Dynamo, Inductor, their backends)."""
+    mod = type(err).__module__ or ""
+    return mod.startswith(("torch._dynamo", "torch._inductor", "torch._functorch")) or \
+        type(err).__name__ in ("InductorError", "BackendCompilerFailed", "CppCompileError")
+
+
 def kernel_input(t: Tensor, detach: bool = True) -> Tensor:
     """``t`` detached, with row-major strides (a copy only if needed).
 
@@ -147,12 +154,12 @@ class CompiledDynamics:
             raise OptionError("compiled: the mass matrix takes no external forces (f_ext=True)")
         self.f_ext = bool(f_ext)
         self._call = NativeCall(model.tree, algorithm, self.passive, self.f_ext, build=True) if self.native else None
-        self.n_args, fn = _ALGORITHMS[algorithm]
-        self.sizes = [model.nq, model.nv, model.nv][: self.n_args]
+        self._n_args, fn = _ALGORITHMS[algorithm]
+        self._sizes = [model.nq, model.nv, model.nv][: self._n_args]
         if self.f_ext:
-            self.n_args += 1
-            self.sizes.append(6 * model.n_links)
-        n = self.n_args
+            self._n_args += 1
+            self._sizes.append(6 * model.n_links)
+        n = self._n_args
         passive = self.passive
         tree = model.tree
 
@@ -192,9 +199,29 @@ class CompiledDynamics:
             raise AttributeError(name)
         fn = fns[name[1:]]
         if self.compiled:
-            fn = torch.compile(fn, **self._compile_options)
+            fn = self._guarded(name, fn, torch.compile(fn, **self._compile_options))
         setattr(self, name, fn)
         return fn
+
+    def _guarded(self, name: str, eager: Callable, compiled_fn: Callable) -> Callable:
+        """``compiled_fn``, falling back to ``eager`` (after one warning) if torch.compile fails: a
+        compiler error is the library's problem to work around, not an ``InductorError`` for the user."""
+
+        def call(*args, **kwargs):
+            try:
+                return compiled_fn(*args, **kwargs)
+            except DiffmechError:
+                raise
+            except Exception as err:
+                if not _from_torch_compile(err):
+                    raise
+                warn(f"compiled {self.algorithm} of '{self.model.name}': torch.compile failed "
+                     f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
+                     "using the eager torch code")
+                setattr(self, name, eager)
+                return eager(*args, **kwargs)
+
+        return call
 
     # ------------------------------------------------------------------ evaluation
     def _pieces(self, B: int) -> list[tuple[int, int]]:
@@ -232,7 +259,7 @@ class CompiledDynamics:
         out: list[Tensor | None] = [None] * len(needs)
         if not any(needs):
             return out
-        n = self.n_args
+        n = self._n_args
         if self._native_on(args[0]):
             fields = tuple(i for i, f in enumerate(needs[n:]) if f)
             try:
@@ -246,7 +273,7 @@ class CompiledDynamics:
                 for i, r in zip(fields, reds):
                     out[n + i] = r.view(mt[i].shape).to(mt[i].dtype)
                 return out
-        n, B = self.n_args, args[0].shape[0]
+        n, B = self._n_args, args[0].shape[0]
         idx = [i for i, f in enumerate(needs) if f]
         arg_parts: dict[int, list[Tensor]] = {i: [] for i in idx if i < n}
         mt = [kernel_input(t) for t in mt]
@@ -303,12 +330,12 @@ class CompiledDynamics:
         warn(f"compiled {self.algorithm} of '{self.model.name}': no native kernel ({err}); using {how}")
 
     def _check(self, args: Sequence[Tensor]) -> None:
-        if len(args) == self.n_args:
+        if len(args) == self._n_args:
             ref = args[0]
             try:
                 B, dtype, cpu = ref.shape[0], ref.dtype, ref.is_cpu
                 if all(t.dim() == 2 and t.shape[0] == B and t.shape[1] == n and t.dtype is dtype and t.is_cpu == cpu
-                       for t, n in zip(args, self.sizes)) and (cpu or all(t.device == ref.device for t in args)):
+                       for t, n in zip(args, self._sizes)) and (cpu or all(t.device == ref.device for t in args)):
                     return
             except (AttributeError, IndexError, TypeError):
                 pass
@@ -316,10 +343,10 @@ class CompiledDynamics:
 
     def _explain(self, args: Sequence[Tensor]) -> None:
         """Raise the :class:`ShapeError` that says what is wrong with ``args``."""
-        if len(args) != self.n_args:
-            raise ShapeError(f"compiled {self.algorithm}: expected {self.n_args} tensors, got {len(args)}")
+        if len(args) != self._n_args:
+            raise ShapeError(f"compiled {self.algorithm}: expected {self._n_args} tensors, got {len(args)}")
         ref = args[0]
-        for name, t, n in zip(("q", "v", "u", "f_ext"), args, self.sizes):
+        for name, t, n in zip(("q", "v", "u", "f_ext"), args, self._sizes):
             if not isinstance(t, Tensor):
                 raise ShapeError(f"compiled {self.algorithm}: '{name}' must be a tensor, got {type(t).__name__}")
             if t.dim() != 2 or t.shape[1] != n:
@@ -398,7 +425,7 @@ class _Compiled(torch.autograd.Function):
     def backward(ctx, g: Tensor):
         dyn = ctx.dyn
         tensors = ctx.saved_tensors
-        grads = dyn._pullback(tensors[: dyn.n_args], tensors[dyn.n_args:], g, ctx.needs_input_grad[2:])
+        grads = dyn._pullback(tensors[: dyn._n_args], tensors[dyn._n_args:], g, ctx.needs_input_grad[2:])
         return (None, None, *grads)
 
 
