@@ -41,6 +41,14 @@ __all__ = ["KernelSpec", "get_kernel", "const_shapes", "code_version", "NativeUn
 
 ALGORITHMS = ("forward_dynamics", "inverse_dynamics", "mass_matrix")
 FIELDS = ModelTensors._fields
+# The model tensors each lane program reads (:mod:`.lanes`); external forces add ``link_p``.
+_KINEMATIC = {"A0", "A1", "A2", "p_tree", "lin_dir", "rot_axis", "lin_axis"}
+_INERTIAL = {"body_mass", "body_h", "body_I"}
+_FIELDS_READ = {
+    "forward_dynamics": _KINEMATIC | _INERTIAL | {"damping", "stiffness", "rest", "gravity"},
+    "inverse_dynamics": _KINEMATIC | _INERTIAL | {"damping", "stiffness", "rest", "gravity"},
+    "mass_matrix": _KINEMATIC | _INERTIAL,
+}
 _DTYPES = (torch.float64, torch.float32)
 
 
@@ -181,6 +189,13 @@ class NativeCall:
         self._kernels: dict[tuple, LaneKernel] = {}
         self._missing: dict[tuple, tuple[int, NativeUnavailable]] = {}
 
+    def fields_read(self, wanted) -> tuple[int, ...]:
+        """Indices of the model-tensor fields flagged in ``wanted`` that this algorithm reads (the
+        others have zero cotangents)."""
+        read = _FIELDS_READ[self.algorithm]
+        extra = {"link_p"} if self.f_ext else set()
+        return tuple(i for i, w in enumerate(wanted) if w and (FIELDS[i] in read or FIELDS[i] in extra))
+
     def spec(self, dtype: torch.dtype, vjp: bool = False, fields: tuple[int, ...] = ()) -> KernelSpec:
         return KernelSpec(self.algorithm, self.passive, self.f_ext, vjp, fields, dtype)
 
@@ -253,11 +268,12 @@ class _Native(torch.autograd.Function):
         needs = ctx.needs_input_grad[3:]
         if torch.is_grad_enabled():
             return (None, None, None, *_torch_vjp(call, inputs[:n], inputs[n:], g, needs))
-        fields = tuple(i for i, nd in enumerate(needs[n:]) if nd)
+        fields = call.fields_read([nd for nd in needs[n:]])
         grads, reds = call.pullback(list(inputs[:n]), ctx.C, g, fields,
                                     [call.offsets[i] for i in fields])
         out: list[Tensor | None] = [gi.to(x.dtype) if nd else None for gi, x, nd in zip(grads, inputs[:n], needs[:n])]
-        field_grads: list[Tensor | None] = [None] * (len(inputs) - n)
+        # a model tensor the algorithm does not read (the links' masses in RNEA read per body) gets zero
+        field_grads: list[Tensor | None] = [torch.zeros_like(t) if nd else None for t, nd in zip(inputs[n:], needs[n:])]
         for i, r in zip(fields, reds):
             t = inputs[n + i]
             field_grads[i] = r.view(t.shape).to(t.dtype)
@@ -308,7 +324,7 @@ def call_native_with(call: NativeCall, state: list[Tensor], mt, C: Tensor | None
     if not torch.is_grad_enabled() or not (any(x.requires_grad for x in state)
                                            or any(t.requires_grad for t in mt)):
         return call.value(state, C)
-    fields = tuple(i for i, t in enumerate(mt) if t.requires_grad)
+    fields = call.fields_read([t.requires_grad for t in mt])
     call.kernel(dtype, True, fields)  # raise now, not in backward, if it is missing
     return _Native.apply(call, C, len(state), *state, *mt)
 
