@@ -40,9 +40,8 @@ import numpy as np
 import torch
 
 import _peers
-from bench_dynamics import time_call
-
 import diffmech
+from bench_dynamics import time_call
 from diffmech.dynamics import compiled, kernels
 
 HERE = Path(__file__).resolve().parent
