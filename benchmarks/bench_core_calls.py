@@ -340,13 +340,14 @@ def markdown(res: dict) -> str:
                   "differentiable-robot-model | Pinocchio regressor loop | native / DRM | native / Pinocchio |",
                   "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for B, row in pg["batches"].items():
-            g = lambda k: row.get(k)  # noqa: E731
-            ms = lambda k: f"{1e3 * g(k):.2f} ms" if g(k) else "n/a"  # noqa: E731
-            nat = g("diffmech default (native)")
+            def ms(k, row=row):
+                return f"{1e3 * row[k]:.2f} ms" if row.get(k) else "n/a"
+
+            nat = row.get("diffmech default (native)")
             lines.append(f"| {B} | {ms('diffmech eager')} | {ms('diffmech default (native)')} | "
                          f"{ms('diffmech compiled')} | {ms('differentiable-robot-model')} | "
-                         f"{ms('Pinocchio regressor loop')} | {ratio(g('differentiable-robot-model'), nat)} | "
-                         f"{ratio(g('Pinocchio regressor loop'), nat)} |")
+                         f"{ms('Pinocchio regressor loop')} | {ratio(row.get('differentiable-robot-model'), nat)} | "
+                         f"{ratio(row.get('Pinocchio regressor loop'), nat)} |")
         chk = pg["check"]
         lines += ["", f"Agreement of the gradients at batch {chk['batch']} (max relative difference to diffmech "
                       "eager): " + ", ".join(f"{k} {v:.1e}" for k, v in
