@@ -326,8 +326,8 @@ def run(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: bo
             iters.append(info.get("iterations", 0))
             fails += info.get("failures", 0)
             if name == "e2e-symo":
-                poses.append(float(loss))
-                pos_only.append(float(loss))
+                poses.append(objs[-1])
+                pos_only.append(objs[-1])
             elif name == "symo":
                 if log:  # the seed root-finds every minibatch; its value only matters where recorded
                     r = one_step_losses(model, name, b, "train", tol=cfg.newton_tol, max_iter=cfg.newton_max_iter)
