@@ -177,6 +177,7 @@ def _newton_fused(fn, rj, x0, params, tol, max_iter, line_search, chord=False):
     refreshed by ``rj`` only when needed: at the first iteration (none if the initial guess already
     converges) and after an iteration that fails to halve the residual norm. ``J`` is then returned
     only if it was evaluated at the returned ``x``, else ``None``.
+    An element whose residual becomes non-finite stops there (not converged); the others go on.
     """
     x = x0.detach().clone()
     if chord:
@@ -193,17 +194,18 @@ def _newton_fused(fn, rj, x0, params, tol, max_iter, line_search, chord=False):
     rn = _inf_norm(r)
     singular = torch.zeros_like(rn, dtype=torch.bool)
     done = rn <= tol
+    # elements whose residual is not finite stop where they are (reported as not converged); the
+    # others go on
+    stop = done | ~torch.isfinite(rn)
     it = 0
-    while it < max_iter and not bool(done.all()):
-        if not bool(torch.isfinite(rn).all()):
-            break
+    while it < max_iter and not bool(stop.all()):
         if J is None:
             r, J = rj(x, *params)
             J_at_x = True
         dx, sing = _solve_step(J, r)
         finite = torch.isfinite(dx)
         singular = singular | sing | ~finite.all(-1)
-        dx = torch.where(finite & ~done[..., None], dx, 0.0)
+        dx = torch.where(finite & ~stop[..., None], dx, 0.0)
         x_new = x + dx
         if chord:
             r_new, J_new = fn(x_new, *params), J
@@ -211,7 +213,7 @@ def _newton_fused(fn, rj, x0, params, tol, max_iter, line_search, chord=False):
             r_new, J_new = rj(x_new, *params)
         rn_new = _inf_norm(r_new)
         if line_search:
-            bad = ~(rn_new <= (1 - _ARMIJO) * rn) & ~done
+            bad = ~(rn_new <= (1 - _ARMIJO) * rn) & ~stop
             if bool(bad.any()):
                 alpha = torch.ones_like(rn)
                 for _ in range(_MAX_HALVINGS):
@@ -232,11 +234,12 @@ def _newton_fused(fn, rj, x0, params, tol, max_iter, line_search, chord=False):
                         break
         it += 1
         done_new = rn_new <= tol
+        stop_new = stop | done_new | ~torch.isfinite(rn_new)
         if chord:
             J_at_x = False
-            if bool((~(rn_new <= 0.5 * rn) & ~done_new).any()):
+            if bool((~(rn_new <= 0.5 * rn) & ~stop_new).any()):
                 J_new = None  # the frozen matrix is not good enough here: refresh it at the new point
-        x, r, rn, J, done = x_new, r_new, rn_new, J_new, done_new
+        x, r, rn, J, done, stop = x_new, r_new, rn_new, J_new, done_new, stop_new
     return x, r, rn, it, singular, (J if J_at_x else None)
 
 

@@ -44,6 +44,9 @@ def _run_options(p: argparse.ArgumentParser, *, single: bool) -> None:
     p.add_argument("--no-warm-start", action="store_true",
                    help="E2E-SyMo: start every Newton solve from 2 q_k - q_{k-1} (the seed) instead of the "
                         "previous epoch's root")
+    p.add_argument("--n-samples", type=int, default=256,
+                   help="trajectories drawn; the first half is the training pool, the rest the test set "
+                        "(default: %(default)s)")
     p.add_argument("--n-int", type=int, default=16, help="integration trajectories (default: %(default)s)")
     p.add_argument("--int-steps", type=int, default=500, help="integration steps (default: %(default)s)")
     p.add_argument("--tight", action="store_true", help="ground truth with RK45 rtol = atol = 1e-10 instead of "
@@ -96,7 +99,7 @@ def _config(args, model: str = "e2e-symo", n_ics: int = 128):
         data_seed=args.data_seed, int_seed=args.int_seed, batch_size=args.batch_size, lr=args.lr, width=args.width,
         dtype=args.dtype, device=args.device, newton_tol=args.newton_tol, rollout_tol=args.rollout_tol,
         line_search=args.line_search, inertia=args.inertia, dissipation=args.dissipation,
-        warm_start=not args.no_warm_start, n_int=args.n_int, int_steps=args.int_steps,
+        warm_start=not args.no_warm_start, n_samples=args.n_samples, n_int=args.n_int, int_steps=args.int_steps,
         rtol=1e-10 if args.tight else None, atol=1e-10 if args.tight else None,
     )
 

@@ -71,7 +71,7 @@ def _rms(x: np.ndarray) -> np.ndarray:
 
 
 def rk45_step_batched(fun, y0: np.ndarray, t_bound: float, rtol: float = 1e-3, atol: float = 1e-6,
-                      max_attempts: int = 100000) -> np.ndarray:
+                      max_attempts: int = 100000, legacy: bool = False) -> np.ndarray:
     """``solve_ivp(fun_b, [0, t_bound], y0[b], method="RK45").y[:, -1]`` for every row ``b`` at once.
 
     Each row keeps its own time, step size and accept/reject state, exactly as SciPy's ``RK45``
@@ -83,6 +83,10 @@ def rk45_step_batched(fun, y0: np.ndarray, t_bound: float, rtol: float = 1e-3, a
         y0: (B, d) float64 initial states.
         t_bound: integration interval length, s.
         rtol, atol: SciPy's tolerances (defaults as ``solve_ivp``'s).
+        legacy: the initial step selection of SciPy before 1.11 (as the seed's data were made), which
+            did not clip the trial step ``h0`` to the interval; it differs from current SciPy only
+            when ``0.01 |y| / |f|`` exceeds the interval (large states, e.g. fast-spinning pendulums
+            after tens of turns).
 
     Returns:
         (B, d) states at ``t_bound``.
@@ -95,14 +99,17 @@ def rk45_step_batched(fun, y0: np.ndarray, t_bound: float, rtol: float = 1e-3, a
     scale = atol + np.abs(y) * rtol
     d0, d1 = _rms(y / scale), _rms(f / scale)
     h0 = np.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / np.where(d1 > 0, d1, 1.0))
-    h0 = np.minimum(h0, t_bound)
+    if not legacy:
+        h0 = np.minimum(h0, t_bound)
     f1 = fun(y + h0[:, None] * f)
     d2 = _rms((f1 - f) / scale) / h0
     dmax = np.maximum(d1, d2)
     with np.errstate(divide="ignore"):
         h1 = np.where((d1 <= 1e-15) & (d2 <= 1e-15), np.maximum(1e-6, h0 * 1e-3),
                       (0.01 / np.where(dmax > 0, dmax, 1.0)) ** (1.0 / (_RK.error_estimator_order + 1)))
-    h_abs = np.minimum(np.minimum(100 * h0, h1), t_bound)
+    h_abs = np.minimum(100 * h0, h1)
+    if not legacy:
+        h_abs = np.minimum(h_abs, t_bound)
     t = np.zeros(nb)
     active = np.ones(nb, dtype=bool)
     new_step = np.ones(nb, dtype=bool)
@@ -153,7 +160,7 @@ def rk45_step_batched(fun, y0: np.ndarray, t_bound: float, rtol: float = 1e-3, a
 
 
 def simulate(system: System, x0, u, h: float, *, rtol: float = 1e-3, atol: float = 1e-6,
-             engine: str = "batched") -> np.ndarray:
+             engine: str = "batched", legacy: bool = False) -> np.ndarray:
     """Ground truth: ``T`` steps of length ``h``, each a restarted RK45 solve with the control ``u[:, k]``.
 
     Args:
@@ -163,6 +170,7 @@ def simulate(system: System, x0, u, h: float, *, rtol: float = 1e-3, atol: float
         h: time step, s.
         rtol, atol: RK45 tolerances (SciPy's defaults reproduce the seed's data).
         engine: ``"batched"`` or ``"scipy"`` (see the module docstring).
+        legacy: the batched engine with SciPy < 1.11's initial step (:func:`rk45_step_batched`).
 
     Returns:
         (B, T, 2n) float64 states after each step.
@@ -177,8 +185,10 @@ def simulate(system: System, x0, u, h: float, *, rtol: float = 1e-3, atol: float
     for k in range(u.shape[1]):
         uk = u[:, k]
         if engine == "batched":
-            x = rk45_step_batched(lambda y, uk=uk: system.rhs(y, uk), x, h, rtol, atol)
+            x = rk45_step_batched(lambda y, uk=uk: system.rhs(y, uk), x, h, rtol, atol, legacy=legacy)
         elif engine == "scipy":
+            if legacy:
+                raise ModelError("simulate: legacy=True needs engine='batched' (the installed SciPy is current)")
             for b in range(x.shape[0]):
                 ub = uk[b:b + 1]
                 sol = scipy.integrate.solve_ivp(lambda t, y, ub=ub: system.rhs(y[None], ub)[0], [0.0, h], x[b],
@@ -261,7 +271,7 @@ def _valid(system: System, obs: np.ndarray) -> np.ndarray:
 
 
 def _make_split(system: System, seed: int, n: int, n_steps: int, h: float, constant_u: bool, rtol, atol, engine,
-                rng_kind: str):
+                rng_kind: str, legacy: bool = False):
     """The seed's ``get_dataset``/``sample_gym``: controls from ``np.random.seed(seed)``, resets from the env RNG."""
     p = system.preset
     T = n_steps + 2
@@ -277,7 +287,7 @@ def _make_split(system: System, seed: int, n: int, n_steps: int, h: float, const
     rng = rng_new()
     x0 = np.stack([_draw_reset(system, rng) for _ in range(n)]) if n else np.zeros((0, 2 * system.n))
     n_draws = np.arange(1, n + 1)  # draws consumed up to and including each trajectory
-    obs = simulate(system, x0, u, h, rtol=rtol, atol=atol, engine=engine)
+    obs = simulate(system, x0, u, h, rtol=rtol, atol=atol, engine=engine, legacy=legacy)
     for _ in range(1000):
         ok = _valid(system, obs)
         if ok.all():
@@ -290,7 +300,7 @@ def _make_split(system: System, seed: int, n: int, n_steps: int, h: float, const
         x0 = x0.copy()
         x0[i:] = np.stack([_draw_reset(system, rng) for _ in range(n - i)])
         n_draws[i:] += 1
-        obs[i:] = simulate(system, x0[i:], u[i:], h, rtol=rtol, atol=atol, engine=engine)
+        obs[i:] = simulate(system, x0[i:], u[i:], h, rtol=rtol, atol=atol, engine=engine, legacy=legacy)
     raise SimulationError(f"make_dataset({system.name}): could not draw valid trajectories")
 
 
@@ -303,7 +313,8 @@ def cache_dir() -> Path:
 def make_dataset(system: str | System, h: float | None = None, *, seed: int = 0, int_seed: int = 1,
                  n_samples: int = 256, n_steps: int = 32, test_split: float = 0.5, n_int: int = 16,
                  int_steps: int = 500, rtol: float | None = None, atol: float | None = None,
-                 engine: str = "batched", rng: str | None = None, cache: bool | str | Path = True) -> SymoDataset:
+                 engine: str = "batched", rng: str | None = None, legacy: bool | None = None,
+                 cache: bool | str | Path = True) -> SymoDataset:
     """The seed's data sets for ``system``: train pool, test set (``test_split``) and integration set.
 
     ``n_samples`` trajectories of ``n_steps + 2`` observations with one constant control each
@@ -319,6 +330,8 @@ def make_dataset(system: str | System, h: float | None = None, *, seed: int = 0,
         h: time step (default: the preset's).
         rtol, atol: RK45 tolerances (default: the preset's; SciPy's defaults for the seed's systems).
         engine: ``"batched"`` or ``"scipy"``.
+        legacy: SciPy < 1.11's RK45 initial step (default: for the seed's presets, whose data it made;
+            it matters only for large states, e.g. one fast-spinning pendulum of the integration set).
         cache: reuse/write a ``.npz`` under :func:`cache_dir` (``True``), a given folder, or ``False``.
     """
     sys_ = get_system(system) if isinstance(system, str) else system
@@ -329,8 +342,10 @@ def make_dataset(system: str | System, h: float | None = None, *, seed: int = 0,
     rtol = p.rtol if rtol is None else rtol
     atol = p.atol if atol is None else atol
     rng = rng or ("gym" if p.sampler.startswith("gym") else "numpy")
+    legacy = (p.sampler.startswith("gym") and engine == "batched") if legacy is None else legacy
     key = dict(system=sys_.name, h=h, seed=seed, int_seed=int_seed, n_samples=n_samples, n_steps=n_steps,
-               test_split=test_split, n_int=n_int, int_steps=int_steps, rtol=rtol, atol=atol, rng=rng, version=1)
+               test_split=test_split, n_int=n_int, int_steps=int_steps, rtol=rtol, atol=atol, rng=rng,
+               legacy=legacy, version=1)
     path = None
     if cache:
         folder = cache_dir() if cache is True else Path(cache)
@@ -338,10 +353,10 @@ def make_dataset(system: str | System, h: float | None = None, *, seed: int = 0,
         path = folder / f"{sys_.name}_h{h:g}_{digest}.npz"
         if path.exists():
             return load_dataset(path)
-    full = _make_split(sys_, seed, n_samples, n_steps, h, True, rtol, atol, engine, rng)
+    full = _make_split(sys_, seed, n_samples, n_steps, h, True, rtol, atol, engine, rng, legacy)
     split = int(n_samples * test_split)
     train, test = full.take(slice(0, n_samples - split)), full.take(slice(n_samples - split, n_samples))
-    integ = _make_split(sys_, int_seed, n_int, int_steps, h, False, rtol, atol, engine, rng)
+    integ = _make_split(sys_, int_seed, n_int, int_steps, h, False, rtol, atol, engine, rng, legacy)
     ds = SymoDataset(sys_.name, h, train, test, integ, meta={k: v for k, v in key.items() if k not in ("system", "h")})
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -476,18 +476,26 @@ class E2ESyMo(_DELModel):
     function theorem (:func:`diffmech.implicit.newton_solve`). Arguments as :class:`SyMo`.
 
     The loss averages the squared position errors over the samples whose solve converged; the
-    others are left out and counted (``info["failures"]``), never used silently.
+    others are left out and counted (``info["failures"]``), never used silently. (With no
+    converged sample the loss is a zero without gradient.)
     """
 
     def objective(self, b: StepSamples, x0: Tensor | None = None):
         x, st = self.solve(b.q_prev, b.q, b.u_prev, b.u, b.u_next, x0=x0)
         ok = st.converged
-        err = (x - b.q_next).square()
         n_ok = int(ok.sum())
         if n_ok == x.shape[0]:
-            loss = err.mean()
+            loss = (x - b.q_next).square().mean()
         else:
-            loss = (err * ok[:, None]).sum() / max(n_ok * self.n, 1)
+            # the graph of the whole batch would carry the failed samples' non-finite or meaningless
+            # sensitivities: solve the converged ones again from their roots (no iteration) and use that
+            idx = torch.nonzero(ok).squeeze(-1)
+            if n_ok:
+                bo = b.index(idx)
+                xo, _ = self.solve(bo.q_prev, bo.q, bo.u_prev, bo.u, bo.u_next, x0=x[idx])
+                loss = (xo - bo.q_next).square().mean()
+            else:
+                loss = sum((0.0 * p).sum() for p in self.parameters())
         return loss, {"q": x.detach(), "iterations": st.iterations, "failures": x.shape[0] - n_ok}
 
 

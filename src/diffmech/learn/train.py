@@ -271,6 +271,7 @@ def run(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: bo
     history: list[dict] = []
     start, wall_prev, train_s_prev = 0, 0.0, 0.0
     last_train_pose = None
+    ck = {}
     if resume and ckpt_path.exists():
         ck = torch.load(ckpt_path, map_location=cfg.device, weights_only=False)
         model.load_state_dict(ck["model"])
@@ -290,6 +291,8 @@ def run(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: bo
     ws = cfg.warm_start and cfg.model == "e2e-symo"
     roots_train = (2 * train_b.q - train_b.q_prev) if ws else None
     roots_test = (2 * test_b.q - test_b.q_prev) if ws else None
+    if ws and resume and ckpt_path.exists() and ck.get("roots", (None, None))[0] is not None:
+        roots_train, roots_test = ck["roots"]
     bs = cfg.batch_size
 
     def save(epoch: int) -> None:
@@ -297,7 +300,7 @@ def run(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: bo
                       "generator": gen.get_state(), "torch_rng": torch.get_rng_state(), "history": history,
                       "epoch": epoch, "wall_s": wall_prev + time.perf_counter() - t0,
                       "train_s": train_s_prev + time.perf_counter() - t0, "last_train_pose": last_train_pose,
-                      "config": cfg.to_json()}, ckpt_path)
+                      "roots": (roots_train, roots_test), "config": cfg.to_json()}, ckpt_path)
 
     bar = tqdm(range(start, cfg.epochs), initial=start, total=cfg.epochs, disable=(not progress) if progress
                is not None else None, desc=f"{cfg.system}/{cfg.model}/N={cfg.n_ics}", leave=False, dynamic_ncols=True)
