@@ -402,6 +402,8 @@ class _DELModel(LearnedDynamics):
         max_iter = self.max_iter if max_iter is None else max_iter
         grad = torch.is_grad_enabled()
         params = [p for p in self.parameters() if p.requires_grad] if grad else []
+        if not params and x0.dim() == 2 and update in (None, "chord"):
+            return self._solve_no_grad(x0, q.detach(), c, tol_b, max_iter)
         update = update or ("newton" if grad and params else "chord")
         data = (q_prev.detach(), q.detach(), u_prev.detach(), u.detach(), u_next.detach(), c)
         kw = dict(adjoint_params=params, line_search=self.line_search, update=update,
@@ -416,6 +418,29 @@ class _DELModel(LearnedDynamics):
             st = NewtonStatus(st.converged.index_put((idx,), st2.converged),
                               st.residual_norm.index_put((idx,), st2.residual_norm), first + st2.iterations)
         return x, st
+
+    def _solve_no_grad(self, x0, q, c, tol_b, max_iter) -> tuple[Tensor, NewtonStatus]:
+        """Without gradients: test the initial guesses first and iterate only the samples that need it
+        (warm-started evaluations mostly need none), by chord steps on ``g(x) = D1 L_d(q, x) + c``."""
+        r0 = self.residual(x0, q, c)
+        rn0 = r0.abs().amax(-1)
+        ok = rn0 <= tol_b
+        if bool(ok.all()) or max_iter == 0:
+            return x0, NewtonStatus(ok, rn0, 0)
+        idx = torch.nonzero(~ok).squeeze(-1)
+
+        def res(x, qq, cc):
+            return self.residual(x, qq, cc)
+
+        def rj(x, qq, cc):
+            return self.residual_and_jacobian(x, qq, cc)
+
+        xs, st = newton_solve(res, x0[idx], (q[idx], c[idx]), tol=tol_b[idx], max_iter=max_iter,
+                              line_search=self.line_search, update="chord", residual_and_jacobian=rj,
+                              raise_on_failure=False, context=type(self).__name__)
+        return (x0.index_put((idx,), xs),
+                NewtonStatus(ok.index_put((idx,), st.converged), rn0.index_put((idx,), st.residual_norm),
+                             st.iterations))
 
     def momentum(self, q: Tensor, q_next: Tensor, u: Tensor, u_next: Tensor) -> Tensor:
         """Discrete momentum at ``q_next`` after the step ``q -> q_next``: ``D2 L_d(q, q_next) + f^+``."""
