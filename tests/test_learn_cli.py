@@ -111,10 +111,12 @@ def test_sweep_resumes_and_figures(tmp_path):
     stamp = (tmp_path / "symo" / "N2" / "metrics.json").stat().st_mtime_ns
     rows2 = sweep(base, tmp_path, models=("node-midpoint", "symo"), n_ics=(2,), workers=1, progress=False)
     assert rows2 == rows and (tmp_path / "symo" / "N2" / "metrics.json").stat().st_mtime_ns == stamp
-    assert main(["symo", "figures", str(tmp_path), "--n-ics", "2"]) == 0
+    assert main(["symo", "figures", str(tmp_path), "--n-ics", "2", "--long-horizon", "30"]) == 0
     for name in ("pendulum_metrics.png", "pendulum_metrics_corrected.png", "pendulum_phase_N2.png",
-                 "pendulum_energy_N2.png"):
+                 "pendulum_energy_N2.png", "pendulum_long_horizon_N2.png"):
         assert (tmp_path / name).stat().st_size > 1000, name
+    lh = json.loads((tmp_path / "pendulum_long_horizon_N2.json").read_text())
+    assert set(lh) == {"symo"} and lh["symo"]["newton_failures"] >= 0
 
 
 def test_ray_backend_needs_ray(tmp_path, monkeypatch):

@@ -88,6 +88,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     fg.add_argument("--n-ics", type=int, default=32, help="N of the phase-portrait and energy plots")
     fg.add_argument("--traj", type=int, default=0, help="integration trajectory to plot")
     fg.add_argument("--no-paper", action="store_true", help="no overlay of the paper's values")
+    fg.add_argument("--long-horizon", type=int, default=0, metavar="STEPS",
+                    help="also roll the N models out for STEPS steps and plot the energy error (e.g. 10000)")
     return symo
 
 
@@ -161,6 +163,17 @@ def main(args: argparse.Namespace) -> int:
 
             for p in make_figures(args.sweep, args.out, n_ics=args.n_ics, paper=not args.no_paper, traj=args.traj):
                 print(p)
+            if args.long_horizon:
+                from .figures import long_horizon_figure
+                from .sweep import collect
+
+                rows = collect(args.sweep)
+                system = rows[0]["system"] if rows else "system"
+                out = Path(args.out or args.sweep)
+                path = out / f"{system}_long_horizon_N{args.n_ics}.png"
+                summary = long_horizon_figure(args.sweep, args.n_ics, path, steps=args.long_horizon)
+                (out / f"{system}_long_horizon_N{args.n_ics}.json").write_text(json.dumps(summary, indent=1) + "\n")
+                print(path)
     except DiffmechError as exc:
         print(f"diffmech symo {args.symo_command}: error: {exc}", file=sys.stderr)
         return 1

@@ -12,7 +12,7 @@ from ._paper import N_ICS, PAPER
 from .models import MODEL_NAMES
 from .sweep import collect
 
-__all__ = ["metrics_figure", "phase_portraits", "energy_figure", "make_figures"]
+__all__ = ["metrics_figure", "phase_portraits", "energy_figure", "long_horizon_figure", "make_figures"]
 
 LABELS = {"node-rk4": "NODE-RK4", "node-midpoint": "NODE-Midpoint", "lnode-rk4": "L-NODE-RK4",
           "lnode-midpoint": "L-NODE-Midpoint", "symo": "SyMo", "e2e-symo": "E2E-SyMo"}
@@ -134,6 +134,55 @@ def energy_figure(sweep_dir: str | Path, n_ics: int, path: str | Path, system, *
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def long_horizon_figure(sweep_dir: str | Path, n_ics: int, path: str | Path, *, steps: int = 10_000,
+                        n_traj: int = 4, models=("node-rk4", "lnode-rk4", "symo", "e2e-symo")) -> dict:
+    """Energy error of ``steps``-step unforced rollouts of trained models (from the integration set's
+    first ``n_traj`` initial observations); returns per model the max over trajectories of
+    ``|E - E(x0)|`` in the first and the last tenth of the horizon (SyMo: consistent velocity)."""
+    import torch
+
+    from .data import make_dataset
+    from .train import load_run_model
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    summary = {}
+    for m in models:
+        folder = Path(sweep_dir) / m / f"N{n_ics}"
+        if not (folder / "checkpoint.pt").exists():
+            continue
+        cfg, system, model = load_run_model(folder)
+        ds = make_dataset(cfg.system, cfg.h, seed=cfg.data_seed, int_seed=cfg.int_seed, n_samples=cfg.n_samples,
+                          n_steps=cfg.n_steps, n_int=cfg.n_int, int_steps=cfg.int_steps, rtol=cfg.rtol, atol=cfg.atol)
+        traj = ds.integration.take(slice(0, n_traj))
+        n_traj = len(traj)
+        n = system.n
+        dt = next(model.parameters()).dtype
+        obs = torch.as_tensor(traj.obs).to(dt)
+        u = torch.zeros(n_traj, steps + 2, system.nu, dtype=dt)
+        with torch.no_grad():
+            r = model.rollout(obs[:, 0, :n], obs[:, 1, :n], obs[:, 1, n:], u, steps, tol=cfg.rollout_tol,
+                              max_iter=cfg.newton_max_iter)
+            E = system.energy(r.q.double(), r.v_consistent.double()).numpy()
+            x0 = torch.as_tensor(traj.x0)
+            E0 = system.energy(x0[:, :n], x0[:, n:]).numpy()
+        err = np.abs(E - E0[:, None])
+        t = cfg.h * (2 + np.arange(steps))
+        worst = np.nan_to_num(err, nan=np.inf).max(0)
+        ax.semilogy(t, np.clip(worst, 1e-8, 1e6), color=COLORS[m], lw=0.8, label=LABELS[m])
+        tenth = max(steps // 10, 1)
+        summary[m] = {"first_tenth_max": float(worst[:tenth].max()), "last_tenth_max": float(worst[-tenth:].max()),
+                      "newton_failures": int(r.failures.sum())}
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("max over trajectories |E - E(x0)| (J)")
+    ax.legend(fontsize=7)
+    ax.set_title(f"energy error over {steps} steps, N = {n_ics}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return summary
 
 
 def make_figures(sweep_dir: str | Path, out: str | Path | None = None, *, n_ics: int = 32, paper: bool = True,
