@@ -12,7 +12,8 @@ from ._paper import N_ICS, PAPER
 from .models import MODEL_NAMES
 from .sweep import collect
 
-__all__ = ["metrics_figure", "phase_portraits", "energy_figure", "long_horizon_figure", "make_figures"]
+__all__ = ["metrics_figure", "phase_portraits", "energy_figure", "long_horizon_figure", "comparison_markdown",
+           "make_figures"]
 
 LABELS = {"node-rk4": "NODE-RK4", "node-midpoint": "NODE-Midpoint", "lnode-rk4": "L-NODE-RK4",
           "lnode-midpoint": "L-NODE-Midpoint", "symo": "SyMo", "e2e-symo": "E2E-SyMo"}
@@ -185,6 +186,31 @@ def long_horizon_figure(sweep_dir: str | Path, n_ics: int, path: str | Path, *, 
     return summary
 
 
+def _fmt(x) -> str:
+    if x is None:
+        return "-"
+    x = float(x)
+    if x != x:
+        return "nan"
+    return f"{x:.3g}" if 1e-3 <= abs(x) < 1e4 or x == 0 else f"{x:.2e}"
+
+
+def comparison_markdown(rows: list[dict], system: str) -> str:
+    """A markdown table: for each model and metric, diffmech's value and the paper's at N = 8 ... 128."""
+    ref = PAPER.get(system, {})
+    lines = [f"| model | metric | N = {' / '.join(str(n) for n in N_ICS)} (diffmech) | paper |", "|---|---|---|---|"]
+    for m in MODEL_NAMES:
+        by_n = {r["n_ics"]: r for r in rows if r.get("model") == m}
+        if not by_n:
+            continue
+        for key, title in METRICS + (("integration_median", "integration median"),
+                                     ("energy_loss_consistent", "energy, consistent v")):
+            ours = " / ".join(_fmt(by_n[n].get(key)) if n in by_n else "-" for n in N_ICS)
+            paper = " / ".join(_fmt(v) for v in ref.get(m, {}).get(key, ())) or "-"
+            lines.append(f"| {LABELS[m]} | {title} | {ours} | {paper} |")
+    return "\n".join(lines)
+
+
 def make_figures(sweep_dir: str | Path, out: str | Path | None = None, *, n_ics: int = 32, paper: bool = True,
                  traj: int = 0) -> list[Path]:
     """All figures of a sweep folder into ``out`` (default the sweep folder); returns their paths."""
@@ -210,5 +236,8 @@ def make_figures(sweep_dir: str | Path, out: str | Path | None = None, *, n_ics:
     paths.append(p)
     p = out / f"{system}_energy_N{n_ics}.png"
     energy_figure(sweep_dir, n_ics, p, get_system(system), traj=traj)
+    paths.append(p)
+    p = out / f"{system}_comparison.md"
+    p.write_text(comparison_markdown(rows, system) + "\n")
     paths.append(p)
     return [q for q in paths if q.exists()]
