@@ -20,8 +20,9 @@ Paper-compatible values (what Figures 3 and 4 plot; the keys of ``metrics.json``
 Corrected metrics beside them: position-only one-step and rollout errors for every model
 (``*_positions``), per-trajectory medians (``integration_median``, ``*_median``), the energy from
 the model's own velocity at the node (``energy_loss_consistent``: for SyMo the discrete Legendre
-transform ``H(q_k)^{-1} D2 L_d(q_{k-1}, q_k)``), and the inertia error with both matrices at the
-predicted positions (``inertia_loss_predicted``).
+transform ``H(q_k)^{-1} D2 L_d(q_{k-1}, q_k)``), the same against the true trajectory's energy at
+each step instead of the initial one (``energy_tracking``, meaningful for damped systems), and the
+inertia error with both matrices at the predicted positions (``inertia_loss_predicted``).
 """
 
 from __future__ import annotations
@@ -146,6 +147,12 @@ def rollout_metrics(model: LearnedDynamics, system: System, traj: Trajectories, 
     per_paper = per_full if cols == 2 * n else per_pos
     e_paper = energy_mse(system, traj.x0, q, v)
     e_cons = energy_mse(system, traj.x0, q, vc)
+    # energy along the true trajectory instead of the initial one (the reference for damped systems)
+    with torch.no_grad():
+        E_true = system.energy(torch.as_tensor(true[..., :n]), torch.as_tensor(true[..., n:])).cpu().numpy()
+        E_pred = system.energy(torch.as_tensor(q), torch.as_tensor(vc)).cpu().numpy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        e_track = np.mean((E_true - E_pred) ** 2, axis=1)
     # the backward-difference floor of the seed's energy metric (true positions, same reconstruction)
     q_true_prev = traj.obs[:, 1:1 + T, :n]
     e_floor = energy_mse(system, traj.x0, true[..., :n], (true[..., :n] - q_true_prev) / model.h)
@@ -159,6 +166,7 @@ def rollout_metrics(model: LearnedDynamics, system: System, traj: Trajectories, 
         "energy_loss_median": _f(np.median(e_paper)),
         "energy_std": _f(np.std(e_paper, ddof=1)),
         **_stats(e_cons, "energy_loss_consistent"),
+        **_stats(e_track, "energy_tracking"),
         "energy_floor": _f(e_floor.mean()) if model.uses_newton else None,
         "rollout_newton_failures": int(roll.failures.sum()),
         "rollout_newton_iterations_mean": roll.iterations / max(T, 1),

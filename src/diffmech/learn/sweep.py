@@ -27,7 +27,8 @@ __all__ = ["sweep", "run_dir", "collect", "SUMMARY_KEYS"]
 N_ICS = (8, 16, 32, 64, 128)
 SUMMARY_KEYS = ("system", "model", "n_ics", "h", "train_loss", "test_loss", "integration_loss", "energy_loss",
                 "inertia_loss", "integration_median", "integration_positions", "integration_positions_median",
-                "energy_loss_consistent", "energy_loss_consistent_median", "energy_floor", "inertia_loss_predicted",
+                "energy_loss_consistent", "energy_loss_consistent_median", "energy_tracking", "energy_floor",
+                "inertia_loss_predicted",
                 "train_loss_positions", "test_loss_positions", "newton_iterations_mean", "train_newton_failures",
                 "rollout_newton_failures", "final_lr", "adam_steps", "n_params", "train_s", "eval_s", "wall_s")
 # rough relative cost per epoch, to start the longest runs first
