@@ -133,6 +133,19 @@ class MLP(nn.Module):
         return self.out(h) if self.out is not None else h
 
 
+def _add_to_value(z: Tensor, b: Tensor) -> Tensor:
+    """``z[0] + b`` on a jet stack ``(K, ..., w)`` (biases enter the value only). In place without a
+    graph; with one, a broadcast add of ``[b, 0, ...]``: autograd would otherwise copy and zero-fill the
+    whole stack for the in-place update of a slice."""
+    if not (torch.is_grad_enabled() and (z.requires_grad or b.requires_grad)):
+        z[0].add_(b)
+        return z
+    if z.shape[0] == 1:
+        return z + b
+    pad = torch.cat([b[None], b.new_zeros(z.shape[0] - 1, b.shape[-1])], 0)
+    return z + pad.reshape(z.shape[0], *([1] * (z.dim() - 2)), b.shape[-1])
+
+
 def _tanh_jet(z: Tensor, n: int, pj: Tensor | None, pk: Tensor | None) -> Tensor:
     """tanh on a jet stack ``z (K, ..., w)``: value, ``n`` first derivatives, the pair second derivatives.
 
@@ -204,20 +217,17 @@ class LagrangianNet(nn.Module):
     def _trunk_jet(self, q: Tensor, order: int) -> Tensor:
         n = self.n
         pj, pk = self._pjt, self._pkt
-        z = self.embed.jet_stack(q, order, self._pj, self._pk) @ self.trunk.l1.weight.T
-        z[0].add_(self.trunk.l1.bias)  # biases enter the value only
+        z = _add_to_value(self.embed.jet_stack(q, order, self._pj, self._pk) @ self.trunk.l1.weight.T,
+                          self.trunk.l1.bias)
         h = _tanh_jet(z, n, pj, pk)
-        z2 = h @ self.trunk.l2.weight.T
-        z2[0].add_(self.trunk.l2.bias)
+        z2 = _add_to_value(h @ self.trunk.l2.weight.T, self.trunk.l2.bias)
         return _tanh_jet(z2, n, pj, pk)
 
     def _head_jet(self, q: Tensor, order: int) -> Tensor:
         """Jets of the heads' outputs ``(K, ..., 1 + n + n(n-1)/2)``: ``[V, diag pre-activations, lower]``."""
         if q.shape[-1] != self.n:
             raise ShapeError(f"LagrangianNet: q must be (..., {self.n}), got {tuple(q.shape)}")
-        out = self._trunk_jet(q, order) @ self.head_weight.T
-        out[0].add_(self.head_bias)
-        return out
+        return _add_to_value(self._trunk_jet(q, order) @ self.head_weight.T, self.head_bias)
 
     def jet_scalar(self, q: Tensor, order: int = 1):
         """The 1-DoF case of :meth:`jet` with every entry a tensor of the batch shape ``(...)``."""

@@ -114,7 +114,8 @@ def _gym_cartpole(damping=(0.0, 0.0)):
 
 def arm3_urdf(lengths: Sequence[float] = (0.5, 0.4, 0.3), masses: Sequence[float] = (1.0, 0.8, 0.5)) -> str:
     """URDF text of a planar 3-DoF arm: three thin uniform rods hanging from revolute joints about ``+y``."""
-    links = ['<link name="base"/>']
+    links = ['<link name="base"><inertial><mass value="0"/><inertia ixx="0" iyy="0" izz="0" ixy="0" ixz="0" iyz="0"/>'
+             '</inertial></link>']
     joints = []
     parent = "base"
     z = 0.0
