@@ -77,38 +77,6 @@ class AngleEmbedding(nn.Module):
         qa = q[..., self.ang]
         return torch.cat([q[..., self.lin], torch.cos(qa), torch.sin(qa)], -1)
 
-    def jet_stack(self, q: Tensor, order: int, pj: list[int], pk: list[int]) -> Tensor:
-        """The embedding's jet as one stack ``(K, ..., m)``: ``s``, ``ds/dq_j`` (n rows) and, for
-        ``order = 2``, ``d^2 s / dq_j dq_k`` for the pairs ``(pj, pk)`` (non-zero only for ``j = k``
-        on angles)."""
-        if self.n == 1 and self.ang.numel() == 1 and order == 2:  # the pendulum: (cos, sin) and its jets
-            c, sn = torch.cos(q), torch.sin(q)
-            return torch.stack([torch.cat([c, sn], -1), torch.cat([-sn, c], -1), torch.cat([-c, -sn], -1)])
-        s = self.forward(q)
-        if order == 0:
-            return s[None]
-        c, sn = torch.cos(q), torch.sin(q)
-        ds = self.P_lin - sn[..., :, None] * self.S_cos + c[..., :, None] * self.S_sin  # (..., n, m)
-        parts = [s[None], ds.movedim(-2, 0)]
-        if order >= 2:
-            diag = torch.tensor([float(j == k) for j, k in zip(pj, pk)], dtype=q.dtype, device=q.device)[:, None]
-            Sc, Ss = self.S_cos[pj] * diag, self.S_sin[pj] * diag  # (P, m)
-            d2s = -(c[..., pj, None] * Sc + sn[..., pj, None] * Ss)  # (..., P, m)
-            parts.append(d2s.movedim(-2, 0))
-        return torch.cat(parts, 0)
-
-    def jet(self, q: Tensor, order: int) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """``s (..., m)``, ``ds (..., n, m)`` (row ``j``: ``ds/dq_j``) and the diagonal second derivatives
-        ``d2s (..., n, m)`` (row ``j``: ``d^2 s / dq_j^2``; mixed ones vanish)."""
-        s = self.forward(q)
-        if order == 0:
-            return s, None, None
-        c, sn = torch.cos(q)[..., :, None], torch.sin(q)[..., :, None]
-        P_lin, S_cos, S_sin = (x.to(q.dtype) for x in (self.P_lin, self.S_cos, self.S_sin))
-        ds = P_lin - sn * S_cos + c * S_sin
-        d2s = -(c * S_cos + sn * S_sin) if order > 1 else None
-        return s, ds, d2s
-
 
 def _tanh(x: Tensor) -> Tensor:
     # Large arrays: tanh(x) = 2 sigmoid(2x) - 1, the same function, measured 3x faster than torch.tanh
@@ -163,6 +131,35 @@ def _tanh_jet(z: Tensor, n: int, pj: Tensor | None, pk: Tensor | None) -> Tensor
     return torch.cat(parts, 0)
 
 
+def _head_jet_fn(q: Tensor, W1: Tensor, b1: Tensor, W2: Tensor, b2: Tensor, Wh: Tensor, bh: Tensor, P_lin: Tensor,
+                 S_cos: Tensor, S_sin: Tensor, lin: Tensor, ang: Tensor, pjt: Tensor, pkt: Tensor, order: int,
+                 pj: tuple, pk: tuple) -> Tensor:
+    """The heads' output jets ``(K, ..., m)`` of :class:`LagrangianNet` as a pure function of its tensors."""
+    n = P_lin.shape[0]
+    if order == 2 and n == 1 and ang.numel() == 1:  # the pendulum: (cos, sin) and its jets
+        c, sn = torch.cos(q), torch.sin(q)
+        stack = torch.stack([torch.cat([c, sn], -1), torch.cat([-sn, c], -1), torch.cat([-c, -sn], -1)])
+    else:
+        qa = q[..., ang]
+        s = torch.cat([q[..., lin], torch.cos(qa), torch.sin(qa)], -1)
+        if order == 0:
+            stack = s[None]
+        else:
+            c, sn = torch.cos(q), torch.sin(q)
+            ds = P_lin - sn[..., :, None] * S_cos + c[..., :, None] * S_sin  # (..., n, m)
+            parts = [s[None], ds.movedim(-2, 0)]
+            if order >= 2:
+                diag = torch.tensor([float(j == k) for j, k in zip(pj, pk)], dtype=q.dtype, device=q.device)[:, None]
+                Sc, Ss = S_cos[list(pj)] * diag, S_sin[list(pj)] * diag  # (P, m)
+                parts.append((-(c[..., list(pj), None] * Sc + sn[..., list(pj), None] * Ss)).movedim(-2, 0))
+            stack = torch.cat(parts, 0)
+    z = _add_to_value(stack @ W1.T, b1)
+    h = _tanh_jet(z, n, pjt, pkt)
+    z2 = _add_to_value(h @ W2.T, b2)
+    h2 = _tanh_jet(z2, n, pjt, pkt)
+    return _add_to_value(h2 @ Wh.T, bh)
+
+
 class LagrangianNet(nn.Module):
     """``q -> (H(q), V(q))`` with jets: the seed's rigid-body network.
 
@@ -214,20 +211,14 @@ class LagrangianNet(nn.Module):
         self.register_buffer("_sym", sym, persistent=False)
 
     # ------------------------------------------------------------------ jets
-    def _trunk_jet(self, q: Tensor, order: int) -> Tensor:
-        n = self.n
-        pj, pk = self._pjt, self._pkt
-        z = _add_to_value(self.embed.jet_stack(q, order, self._pj, self._pk) @ self.trunk.l1.weight.T,
-                          self.trunk.l1.bias)
-        h = _tanh_jet(z, n, pj, pk)
-        z2 = _add_to_value(h @ self.trunk.l2.weight.T, self.trunk.l2.bias)
-        return _tanh_jet(z2, n, pj, pk)
-
     def _head_jet(self, q: Tensor, order: int) -> Tensor:
         """Jets of the heads' outputs ``(K, ..., 1 + n + n(n-1)/2)``: ``[V, diag pre-activations, lower]``."""
         if q.shape[-1] != self.n:
             raise ShapeError(f"LagrangianNet: q must be (..., {self.n}), got {tuple(q.shape)}")
-        return _add_to_value(self._trunk_jet(q, order) @ self.head_weight.T, self.head_bias)
+        e, t = self.embed, self.trunk
+        args = (q, t.l1.weight, t.l1.bias, t.l2.weight, t.l2.bias, self.head_weight, self.head_bias, e.P_lin,
+                e.S_cos, e.S_sin, e.lin, e.ang, self._pjt, self._pkt, order, tuple(self._pj), tuple(self._pk))
+        return _head_jet_fn(*args)
 
     def jet_scalar(self, q: Tensor, order: int = 1):
         """The 1-DoF case of :meth:`jet` with every entry a tensor of the batch shape ``(...)``."""
