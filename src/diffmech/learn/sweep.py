@@ -30,7 +30,7 @@ SUMMARY_KEYS = ("system", "model", "n_ics", "h", "train_loss", "test_loss", "int
                 "energy_loss_consistent", "energy_loss_consistent_median", "energy_tracking", "energy_floor",
                 "inertia_loss_predicted",
                 "train_loss_positions", "test_loss_positions", "newton_iterations_mean", "train_newton_failures",
-                "rollout_newton_failures", "final_lr", "adam_steps", "n_params", "train_s", "eval_s", "wall_s")
+                "rollout_newton_failures", "final_lr", "adam_steps", "n_params", "train_s", "eval_s", "wall_s", "cpu_s")
 # rough relative cost per epoch, to start the longest runs first
 _COST = {"e2e-symo": 4.0, "lnode-rk4": 3.0, "symo": 2.0, "lnode-midpoint": 2.0, "node-rk4": 1.5, "node-midpoint": 1.0}
 

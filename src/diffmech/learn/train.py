@@ -12,7 +12,8 @@ and evaluates it; it writes into its folder:
   ``checkpoint_every`` epochs and at the end; ``resume=True`` continues from it and gives the
   same result as an uninterrupted run;
 - ``metrics.json``: the paper-compatible metrics, the corrected ones (:mod:`.metrics`), Newton
-  statistics and ``wall_s`` (training and evaluation, summed over resumed sessions);
+  statistics, ``wall_s`` (training and evaluation, summed over resumed sessions) and ``cpu_s`` (the
+  process's CPU time over the same: the cost of the run on a machine it has to itself);
 - ``rollout.npz``: the integration-set predictions and per-trajectory errors.
 
 The protocol (the seed's): Adam, ``ReduceLROnPlateau(patience=50, factor=0.7)`` stepped on the
@@ -269,7 +270,7 @@ def run(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: bo
     sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="min", patience=cfg.patience, factor=cfg.factor)
     gen = torch.Generator().manual_seed(cfg.seed)
     history: list[dict] = []
-    start, wall_prev, train_s_prev = 0, 0.0, 0.0
+    start, wall_prev, train_s_prev, cpu_prev = 0, 0.0, 0.0, 0.0
     last_train_pose = None
     ck = {}
     if resume and ckpt_path.exists():
@@ -280,11 +281,11 @@ def run(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: bo
         gen.set_state(ck["generator"])
         torch.set_rng_state(ck["torch_rng"])
         history, start = ck["history"], ck["epoch"]
-        wall_prev, train_s_prev = ck["wall_s"], ck["train_s"]
+        wall_prev, train_s_prev, cpu_prev = ck["wall_s"], ck["train_s"], ck.get("cpu_s", 0.0)
         last_train_pose = ck.get("last_train_pose")
         if start >= cfg.epochs and metrics_path.exists():
             return json.loads(metrics_path.read_text())
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     M = len(train_b)
     # Newton warm starts (E2E-SyMo): each sample's root of the previous epoch; the roots agree with
     # those from the seed's guess to the tolerance, at fewer iterations.
@@ -299,6 +300,7 @@ def run(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: bo
         _atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                       "generator": gen.get_state(), "torch_rng": torch.get_rng_state(), "history": history,
                       "epoch": epoch, "wall_s": wall_prev + time.perf_counter() - t0,
+                      "cpu_s": cpu_prev + time.process_time() - c0,
                       "train_s": train_s_prev + time.perf_counter() - t0, "last_train_pose": last_train_pose,
                       "roots": (roots_train, roots_test), "config": cfg.to_json()}, ckpt_path)
 
@@ -394,6 +396,7 @@ def run(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: bo
                                       if r["newton_iterations_max"] is not None), default=None),
         "train_newton_failures": int(sum(r["newton_failures"] for r in history)),
         "train_s": train_s, "eval_s": eval_s, "wall_s": wall_prev + time.perf_counter() - t0,
+        "cpu_s": cpu_prev + time.process_time() - c0,
         "system": cfg.system, "model": cfg.model, "n_ics": cfg.n_ics, "h": cfg.h,
     })
     _write_json(metrics, metrics_path)
