@@ -39,7 +39,7 @@ def run_dir(out: str | Path, model: str, n_ics: int) -> Path:
     return Path(out) / model / f"N{n_ics}"
 
 
-def _worker(cfg_dict: dict, folder: str, threads: int, nice: int, progress: bool) -> dict:
+def _worker(cfg_dict: dict, folder: str, threads: int, nice: int, progress: bool | None) -> dict:
     import torch
 
     if nice:
@@ -125,7 +125,7 @@ def sweep(base: TrainConfig, out: str | Path, *, models=MODEL_NAMES, n_ics=N_ICS
         if workers == 1:
             for c, d in todo:
                 try:
-                    _worker(c, d, threads, nice, bool(progress) if progress is not None else True)
+                    _worker(c, d, threads, nice, progress)
                 except DiffmechError as exc:
                     errors.append(f"{d}: {exc}")
                 bar.update(1)
