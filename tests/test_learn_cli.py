@@ -115,6 +115,8 @@ def test_sweep_resumes_and_figures(tmp_path):
     for name in ("pendulum_metrics.png", "pendulum_metrics_corrected.png", "pendulum_phase_N2.png",
                  "pendulum_energy_N2.png", "pendulum_long_horizon_N2.png"):
         assert (tmp_path / name).stat().st_size > 1000, name
+    table = (tmp_path / "pendulum_comparison.md").read_text()
+    assert "| SyMo | integration error |" in table and "0.0277" in table  # the paper's SyMo value at N = 128
     lh = json.loads((tmp_path / "pendulum_long_horizon_N2.json").read_text())
     assert set(lh) == {"symo"} and lh["symo"]["newton_failures"] >= 0
 
