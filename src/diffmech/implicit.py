@@ -159,6 +159,90 @@ def _newton(fn, jacobian, x0, params, tol, max_iter, line_search, update="newton
     return x, r, rn, it, singular
 
 
+def _solve_step(J: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:
+    """``dx = -J^{-1} r`` per batch element and a flag for singular ones (a division when ``n = 1``)."""
+    if J.shape[-1] == 1:
+        d = J[..., 0]
+        return -r / d, d[..., 0] == 0
+    dx, info = torch.linalg.solve_ex(J, -r)
+    return dx, info != 0
+
+
+def _newton_fused(fn, rj, x0, params, tol, max_iter, line_search, chord=False):
+    """Newton iterations with a fused ``(r, J) = rj(x, *params)``. Returns ``(x, r, rn, it, singular, J)``.
+
+    Newton (``chord=False``): every evaluation yields both, so ``J`` is the Jacobian at the returned
+    ``x`` (the matrix the implicit backward pass needs at the root) at no extra cost.
+    Chord (``chord=True``): new points are evaluated by the residual ``fn`` alone, and the matrix is
+    refreshed by ``rj`` only when needed: at the first iteration (none if the initial guess already
+    converges) and after an iteration that fails to halve the residual norm. ``J`` is then returned
+    only if it was evaluated at the returned ``x``, else ``None``.
+    An element whose residual becomes non-finite stops there (not converged); the others go on.
+    """
+    x = x0.detach().clone()
+    if chord:
+        r, J = fn(x, *params), None
+    else:
+        r, J = rj(x, *params)
+    if r.shape != x.shape or (J is not None and J.shape != (*x.shape, x.shape[-1])):
+        raise ShapeError(
+            f"newton_solve: the residual has shape {tuple(r.shape)} and the Jacobian "
+            f"{None if J is None else tuple(J.shape)} for x of shape {tuple(x.shape)}; (..., n) and (..., n, n) "
+            "are required"
+        )
+    J_at_x = J is not None
+    rn = _inf_norm(r)
+    singular = torch.zeros_like(rn, dtype=torch.bool)
+    done = rn <= tol
+    # elements whose residual is not finite stop where they are (reported as not converged); the
+    # others go on
+    stop = done | ~torch.isfinite(rn)
+    it = 0
+    while it < max_iter and not bool(stop.all()):
+        if J is None:
+            r, J = rj(x, *params)
+            J_at_x = True
+        dx, sing = _solve_step(J, r)
+        finite = torch.isfinite(dx)
+        singular = singular | sing | ~finite.all(-1)
+        dx = torch.where(finite & ~stop[..., None], dx, 0.0)
+        x_new = x + dx
+        if chord:
+            r_new, J_new = fn(x_new, *params), J
+        else:
+            r_new, J_new = rj(x_new, *params)
+        rn_new = _inf_norm(r_new)
+        if line_search:
+            bad = ~(rn_new <= (1 - _ARMIJO) * rn) & ~stop
+            if bool(bad.any()):
+                alpha = torch.ones_like(rn)
+                for _ in range(_MAX_HALVINGS):
+                    alpha = torch.where(bad, alpha / 2, alpha)
+                    x_try = x + alpha[..., None] * dx
+                    if chord:
+                        r_try = fn(x_try, *params)
+                    else:
+                        r_try, J_try = rj(x_try, *params)
+                        J_new = torch.where((bad & (_inf_norm(r_try) < rn_new))[..., None, None], J_try, J_new)
+                    rn_try = _inf_norm(r_try)
+                    better = bad & (rn_try < rn_new)
+                    x_new = _where_batch(better, x_try, x_new)
+                    r_new = _where_batch(better, r_try, r_new)
+                    rn_new = torch.where(better, rn_try, rn_new)
+                    bad = bad & ~(rn_try <= (1 - _ARMIJO * alpha) * rn)
+                    if not bool(bad.any()):
+                        break
+        it += 1
+        done_new = rn_new <= tol
+        stop_new = stop | done_new | ~torch.isfinite(rn_new)
+        if chord:
+            J_at_x = False
+            if bool((~(rn_new <= 0.5 * rn) & ~stop_new).any()):
+                J_new = None  # the frozen matrix is not good enough here: refresh it at the new point
+        x, r, rn, J, done, stop = x_new, r_new, rn_new, J_new, done_new, stop_new
+    return x, r, rn, it, singular, (J if J_at_x else None)
+
+
 def _failure_message(context, rn, tol, it, max_iter, singular) -> str:
     where = f" ({context})" if context else ""
     bad = ~(rn <= tol)
@@ -187,11 +271,19 @@ class _ImplicitSolve(torch.autograd.Function):
     @staticmethod
     def forward(ctx, fn, jacobian, opts, x0, n_explicit, *all_params):
         params = all_params[:n_explicit]
+        J_root = None
         with torch.no_grad():
-            x, _, rn, it, singular = _newton(fn, jacobian, x0, params, opts["tol"], opts["max_iter"],
-                                             opts["line_search"], opts["update"], opts["approx_jacobian"])
+            if opts["residual_and_jacobian"] is not None:
+                x, _, rn, it, singular, J_root = _newton_fused(fn, opts["residual_and_jacobian"], x0, params,
+                                                               opts["tol"], opts["max_iter"], opts["line_search"],
+                                                               opts["update"] == "chord")
+            else:
+                x, _, rn, it, singular = _newton(fn, jacobian, x0, params, opts["tol"], opts["max_iter"],
+                                                 opts["line_search"], opts["update"], opts["approx_jacobian"])
         ctx.fn, ctx.jacobian, ctx.n_explicit = fn, jacobian, n_explicit
-        ctx.save_for_backward(x, *all_params)
+        ctx.rj = opts["residual_and_jacobian"]
+        ctx.has_J = J_root is not None
+        ctx.save_for_backward(x, *(() if J_root is None else (J_root,)), *all_params)
         ctx.mark_non_differentiable(rn)
         # Python-side results travel back through the (per-call) options dict.
         opts["iterations"], opts["singular"] = it, singular
@@ -201,6 +293,7 @@ class _ImplicitSolve(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, g, _g_rn):
         x, *all_params = ctx.saved_tensors
+        J = all_params.pop(0) if ctx.has_J else None
         n_explicit = ctx.n_explicit
         needs = ctx.needs_input_grad[5:]
         out: list[Tensor | None] = [None] * len(all_params)
@@ -209,9 +302,12 @@ class _ImplicitSolve(torch.autograd.Function):
         explicit = list(all_params[:n_explicit])
         adjoint = list(all_params[n_explicit:])
         with torch.no_grad():
-            J = _jac(ctx.fn, ctx.jacobian, x, explicit)
-            lu, piv, _ = torch.linalg.lu_factor_ex(J)
-            w = torch.linalg.lu_solve(lu, piv, g[..., None], adjoint=True)[..., 0]  # J^T w = g
+            if J is None:
+                J = ctx.rj(x, *explicit)[1] if ctx.rj is not None else _jac(ctx.fn, ctx.jacobian, x, explicit)
+            if J.shape[-1] == 1:
+                w = g / J[..., 0]
+            else:
+                w = torch.linalg.solve_ex(J.mT, g)[0]  # J^T w = g
         with torch.enable_grad():
             leaves = [p.detach().requires_grad_(True) if needs[i] else p for i, p in enumerate(explicit)]
             r = ctx.fn(x.detach(), *leaves)
@@ -237,6 +333,7 @@ def newton_solve(
     update: str = "newton",
     raise_on_failure: bool = True,
     context: str = "",
+    residual_and_jacobian: Callable[..., tuple[Tensor, Tensor]] | None = None,
 ) -> Tensor | tuple[Tensor, NewtonStatus]:
     """Solve ``residual_fn(x, *params) = 0`` for ``x`` by Newton's method, differentiably.
 
@@ -283,6 +380,18 @@ def newton_solve(
             converge (default). If ``False``, return ``(x, NewtonStatus)`` instead and let the
             caller decide.
         context: where the solve happened, quoted in the error message (e.g. ``"step 17"``).
+        residual_and_jacobian: optional fused ``(r, J) = residual_and_jacobian(x, *params)``,
+            the residual and its Jacobian from one evaluation (e.g. a network's forward pass
+            carrying first and second derivatives). With ``update="newton"`` the forward
+            iterations evaluate only it, and the Jacobian it returned at the root serves the
+            backward pass, which then evaluates ``residual_fn`` once for the vector-Jacobian
+            product and builds no further Jacobian. With ``update="chord"`` new points are
+            evaluated by ``residual_fn`` alone and the matrix is refreshed by
+            ``residual_and_jacobian`` only at the first iteration (not at all if ``x0`` already
+            converges) and after an iteration that fails to halve the residual norm: the cheap
+            choice for warm-started solves without gradients. ``update="broyden"`` is treated as
+            ``"newton"`` here; ``jacobian`` and ``approx_jacobian`` are not used by the forward
+            iterations.
 
     Returns:
         ``x (..., n)``, the root, in ``x0``'s dtype and device; or ``(x, status)`` when
@@ -311,7 +420,7 @@ def newton_solve(
     if isinstance(tol, Tensor):
         tol = tol.to(dtype=x0.dtype, device=x0.device)
     opts = {"tol": tol, "max_iter": int(max_iter), "line_search": bool(line_search), "update": update,
-            "approx_jacobian": approx_jacobian}
+            "approx_jacobian": approx_jacobian, "residual_and_jacobian": residual_and_jacobian}
     needs_graph = torch.is_grad_enabled() and any(p.requires_grad for p in (*params, *adjoint_params))
     if needs_graph:
         x, rn = _ImplicitSolve.apply(residual_fn, jacobian, opts, x0, len(params), *params, *adjoint_params)
@@ -319,8 +428,12 @@ def newton_solve(
         converged = rn <= tol
     else:
         with torch.no_grad():
-            x, _, rn, it, singular = _newton(residual_fn, jacobian, x0, params, tol, max_iter, line_search, update,
-                                             approx_jacobian)
+            if residual_and_jacobian is not None:
+                x, _, rn, it, singular, _ = _newton_fused(residual_fn, residual_and_jacobian, x0, params, tol,
+                                                          max_iter, line_search, update == "chord")
+            else:
+                x, _, rn, it, singular = _newton(residual_fn, jacobian, x0, params, tol, max_iter, line_search,
+                                                 update, approx_jacobian)
         converged = rn <= tol
     status = NewtonStatus(converged=converged, residual_norm=rn.detach(), iterations=it)
     if raise_on_failure:

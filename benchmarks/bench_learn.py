@@ -1,0 +1,373 @@
+"""One E2E-SyMo training step: diffmech.learn against a reference-style implementation (issue 11, section 4).
+
+The baseline below is written after the seed's code (Santos et al. 2022, ``Code/symo.py``,
+``del_module.py``, ``Newton.py``, ``newton_layer.py``, ``root_find.py``): the DEL residual by
+``torch.autograd.grad(create_graph=True)`` through the Lagrangian, Newton's Jacobian built row by
+row with autograd (one backward pass per degree of freedom), an explicit ``torch.inverse``, a
+batch-wide RMS stopping rule, the whole solve on a ``copy.deepcopy`` of the network with frozen
+parameters, and the implicit-function-theorem backward as a custom identity whose backward maps
+``g -> -g^T J^{-1}`` (the Jacobian rebuilt row by row on the copy).
+
+diffmech's step is :class:`diffmech.learn.E2ESyMo`'s objective: the residual and its Jacobian from
+one pass of the network carrying analytic second derivatives, batched Newton in
+:func:`diffmech.implicit.newton_solve` with per-sample convergence, the Jacobian at the root reused
+by the implicit backward pass. Both start from the seed's guess ``2 q_k - q_{k-1}``, with the same
+weights (``torch.manual_seed(230)``), data (the seed's training samples) and tolerance (1e-5,
+10 iterations). The cells cross-check the loss and the parameter gradients of the two.
+
+A step is ``zero_grad; loss = objective(batch); loss.backward(); adam.step()``; each cell reports
+the median over ``--repeats`` steps after warm-up, with 1 thread. Also reported: diffmech's step
+with the training loop's warm start (the previous epoch's roots as initial guesses).
+
+Usage::
+
+    python benchmarks/bench_learn.py            # B in {32, 128, 512}, pendulum and cart-pole; JSON + BENCHMARKS.md
+    python benchmarks/bench_learn.py --quick    # B = 32 only, few repeats, prints only
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+from torch import nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "src"))
+
+from diffmech.learn import E2ESyMo, get_system, make_dataset, step_samples  # noqa: E402
+
+MARK_START, MARK_END = "<!-- bench_learn:start -->", "<!-- bench_learn:end -->"
+# The seed's code measured on this machine (issue 11): ms per step at B = 32 / 128 / 512, 1 thread.
+SEED_MS = {"pendulum": (14, 23, 43), "cartpole": (32, 45, 137)}
+TARGET_RATIO = 5.0
+
+
+# ----------------------------------------------------------------------------- the reference-style baseline
+class RefRigidBody(nn.Module):
+    """The seed's ``Rigid_Body`` on its ``MLP``: ``(H, V)`` from the embedded configuration."""
+
+    def __init__(self, n_trans: int, n_angles: int, width: int):
+        super().__init__()
+        self.m, self.n = n_trans, n_angles
+        d = n_trans + n_angles
+        self.d = d
+        self.mlp = nn.Sequential(nn.Linear(n_trans + 2 * n_angles, width), nn.Tanh(), nn.Linear(width, width),
+                                 nn.Tanh())
+        self.fc_ld = nn.Linear(width, d)
+        self.fc_lo = nn.Linear(width, d * (d - 1) // 2) if d > 1 else None
+        self.fc_g = nn.Linear(width, 1)
+
+    def embed(self, q):
+        r, th = q[:, :self.m], q[:, self.m:]
+        return torch.cat((r, torch.cos(th), torch.sin(th)), 1)
+
+    def forward(self, q):
+        hi = self.mlp(self.embed(q))
+        V = self.fc_g(hi)
+        Ld = nn.functional.softplus(self.fc_ld(hi))
+        if self.fc_lo is None:
+            return Ld[:, None, :], V
+        bsz = q.shape[0]
+        L = torch.diag_embed(Ld).flatten(1)
+        rows, cols = torch.tril_indices(self.d, self.d, -1)
+        L = L.clone()
+        L[:, rows * self.d + cols] = self.fc_lo(hi)
+        L = L.reshape(bsz, self.d, self.d)
+        H = torch.bmm(L, L.permute(0, 2, 1))
+        H = H + 1e-9 * torch.eye(self.d, dtype=q.dtype)
+        return H, V
+
+
+class RefSyMo(nn.Module):
+    """The seed's ``SyMo_RT`` + ``DEL_Module``: discrete Lagrangian, DEL by autograd, row-by-row Jacobian."""
+
+    def __init__(self, n_trans, n_angles, width, h):
+        super().__init__()
+        self.nn = RefRigidBody(n_trans, n_angles, width)
+        self.h = h
+
+    def lagrangian(self, q, qd):
+        H, V = self.nn(q)
+        T = 0.5 * (qd[:, None, :] @ H @ qd[:, :, None])[:, :, 0]
+        return (T - V) * self.h
+
+    def DEL(self, q_next, q_past, qk, u_past, u, u_next):
+        h = self.h
+        with torch.enable_grad():
+            q = qk.detach().requires_grad_(True)
+            L1 = self.lagrangian(0.5 * (q_past + q), (q - q_past) / h)
+            L2 = self.lagrangian(0.5 * (q + q_next), (q_next - q) / h)
+            f = torch.autograd.grad(L1.sum() + L2.sum(), q, create_graph=True)[0]
+        return f + (0.25 * (u_past + u) + 0.25 * (u + u_next)) * h
+
+    def jacobian(self, q_next, *data):
+        with torch.enable_grad():
+            q_next = q_next.detach().requires_grad_(True)
+            g = self.DEL(q_next, *data)
+            rows = [torch.autograd.grad(g[:, i].sum(), q_next, create_graph=True)[0] for i in range(g.shape[1])]
+        return torch.stack(rows, 1).detach()
+
+
+def ref_newton(func, x0, data, tol, maxiter):
+    """The seed's Newton: undamped, explicit inverse, batch-wide RMS stopping rule, last iterate."""
+    bsz, d = x0.shape
+    p = x0.clone().detach()
+    fval = func.DEL(p, *data).detach()
+    it = 0
+    while it < maxiter:
+        if float(torch.linalg.norm(fval)) < tol * (bsz * d) ** 0.5:
+            break
+        J = func.jacobian(p, *data)
+        dp = (torch.inverse(J) @ fval[:, :, None])[:, :, 0]
+        if float(torch.linalg.norm(dp)) > 1e9 * bsz:
+            raise RuntimeError("Singular Jacobian")
+        p = p - dp
+        it += 1
+        fval = func.DEL(p, *data).detach()
+    return p, it
+
+
+class RefNewtonLayer(torch.autograd.Function):
+    """Identity whose backward is ``g -> -g^T J^{-1}`` with ``J`` rebuilt on the frozen copy (the seed's)."""
+
+    @staticmethod
+    def forward(ctx, func_copy, y, *data):
+        ctx.func = func_copy
+        ctx.save_for_backward(y.detach(), *data)
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, grad):
+        y, *data = ctx.saved_tensors
+        J = ctx.func.jacobian(y, *data)
+        new = -(grad[:, None, :] @ torch.inverse(J))[:, 0, :]
+        return (None, new, *[None] * len(data))
+
+
+def ref_step_loss(model: RefSyMo, b, tol=1e-5, maxiter=10):
+    data = (b.q_prev, b.q, b.tau_prev, b.tau, b.tau_next)
+    func_copy = copy.deepcopy(model)
+    for p in func_copy.parameters():
+        p.requires_grad_(False)
+    with torch.no_grad():
+        x0 = 2 * b.q - b.q_prev
+    q_star, it = ref_newton(func_copy, x0, data, tol, maxiter)
+    y = model.DEL(q_star, *data) + q_star
+    y = RefNewtonLayer.apply(func_copy, y, *data)
+    return ((y - b.q_next) ** 2).mean(), it
+
+
+def _ref_heads(r: RefRigidBody) -> list[nn.Linear]:
+    return [r.fc_g, r.fc_ld] + ([r.fc_lo] if r.fc_lo is not None else [])
+
+
+def copy_weights(ours: E2ESyMo, ref: RefSyMo) -> None:
+    """Give the baseline diffmech's (seed-initialised) weights; diffmech stores the heads as one map."""
+    net, r = ours.net, ref.nn
+    with torch.no_grad():
+        r.mlp[0].weight.copy_(net.trunk.l1.weight)
+        r.mlp[0].bias.copy_(net.trunk.l1.bias)
+        r.mlp[2].weight.copy_(net.trunk.l2.weight)
+        r.mlp[2].bias.copy_(net.trunk.l2.bias)
+        i = 0
+        for m in _ref_heads(r):
+            k = m.weight.shape[0]
+            m.weight.copy_(net.head_weight[i:i + k])
+            m.bias.copy_(net.head_bias[i:i + k])
+            i += k
+
+
+def ref_grad_vector(ref: RefSyMo, ours: E2ESyMo) -> torch.Tensor:
+    """Baseline gradients flattened in the order of ``ours.named_parameters()``."""
+    r = ref.nn
+
+    def g(p):  # V's bias does not enter the DEL residual: autograd leaves its gradient None
+        return (p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
+
+    heads = _ref_heads(r)
+    by_name = {"net.trunk.l1.weight": g(r.mlp[0].weight), "net.trunk.l1.bias": g(r.mlp[0].bias),
+               "net.trunk.l2.weight": g(r.mlp[2].weight), "net.trunk.l2.bias": g(r.mlp[2].bias),
+               "net.head_weight": torch.cat([g(m.weight) for m in heads]),
+               "net.head_bias": torch.cat([g(m.bias) for m in heads])}
+    return torch.cat([by_name[name] for name, _ in ours.named_parameters()])
+
+
+# ----------------------------------------------------------------------------- measuring
+class _Batch:
+    """The seed's inputs: positions, and controls as generalised forces (cart-pole: ``(u, 0)``)."""
+
+    def __init__(self, s, system):
+        self.q_prev, self.q, self.q_next = s.q_prev, s.q, s.q_next
+        self.tau_prev, self.tau, self.tau_next = (system.generalized_force(u.double()).float()
+                                                  for u in (s.u_prev, s.u, s.u_next))
+
+
+def median_ms(fn, repeats: int, warmup: int = 3) -> tuple[float, list[float]]:
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(ts), ts
+
+
+def measure(system_name: str, B: int, repeats: int) -> dict:
+    system = get_system(system_name)
+    p = system.preset
+    ds = make_dataset(system_name)
+    s = step_samples(ds.train, system.n).index(slice(0, B))
+    n_trans = sum(not a for a in system.angle_mask)
+    torch.manual_seed(230)
+    ours = E2ESyMo(system.angle_mask, p.h, p.width, system.input_matrix)
+    ref = RefSyMo(n_trans, system.n - n_trans, p.width, p.h)
+    copy_weights(ours, ref)
+    rb = _Batch(s, system)
+    # cross-check on the initial weights: loss and gradients
+    lo, info = ours.objective(s)
+    lo.backward()
+    lr, it_ref = ref_step_loss(ref, rb)
+    lr.backward()
+    g_ours = torch.cat([q.grad.flatten() for _, q in ours.named_parameters()])
+    g_ref = ref_grad_vector(ref, ours)
+    grad_rel = float((g_ours - g_ref).norm() / g_ref.norm())
+    loss_rel = float(abs(lo.detach() - lr.detach()) / abs(lr.detach()))
+    opt_o = torch.optim.Adam(ours.parameters(), lr=p.lr, fused=True)  # as diffmech.learn's trainer
+    opt_r = torch.optim.Adam(ref.parameters(), lr=p.lr)
+    its_o, its_r = [], []
+
+    def step_ours():
+        opt_o.zero_grad(set_to_none=True)
+        loss, info = ours.objective(s)
+        loss.backward()
+        opt_o.step()
+        its_o.append(info["iterations"])
+
+    def step_ref():
+        opt_r.zero_grad(set_to_none=True)
+        loss, it = ref_step_loss(ref, rb)
+        loss.backward()
+        opt_r.step()
+        its_r.append(it)
+
+    roots = [2 * s.q - s.q_prev]
+
+    def step_warm():
+        opt_o.zero_grad(set_to_none=True)
+        loss, info = ours.objective(s, x0=roots[0])
+        roots[0] = info["q"]
+        loss.backward()
+        opt_o.step()
+
+    # interleave so that load changes on the shared machine hit both alike
+    t_ref, t_ours, t_warm = [], [], []
+    for _ in range(3):
+        t_ref.append(median_ms(step_ref, max(repeats // 3, 3), 1)[0])
+        t_ours.append(median_ms(step_ours, max(repeats // 3, 3), 1)[0])
+        t_warm.append(median_ms(step_warm, max(repeats // 3, 3), 1)[0])
+    ms_ref, ms_ours, ms_warm = statistics.median(t_ref), statistics.median(t_ours), statistics.median(t_warm)
+    return {"system": system_name, "B": B, "width": p.width, "ref_ms": ms_ref, "diffmech_ms": ms_ours,
+            "diffmech_warm_ms": ms_warm, "ratio": ms_ref / ms_ours, "ratio_warm": ms_ref / ms_warm,
+            "seed_code_ms": SEED_MS[system_name][(32, 128, 512).index(B)] if B in (32, 128, 512) else None,
+            "newton_iters_ref": statistics.mean(its_r), "newton_iters_diffmech": statistics.mean(its_o),
+            "loss_rel_diff": loss_rel, "grad_rel_diff": grad_rel}
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| system | B | reference-style (ms) | diffmech (ms) | ratio | diffmech, warm start (ms) | ratio | "
+             "seed's code, issue (ms) | Newton its ref / ours | grad. rel. diff. |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['system']} | {r['B']} | {r['ref_ms']:.1f} | {r['diffmech_ms']:.2f} | "
+                     f"{r['ratio']:.1f}x | {r['diffmech_warm_ms']:.2f} | {r['ratio_warm']:.1f}x | "
+                     f"{r['seed_code_ms'] if r['seed_code_ms'] is not None else '-'} | "
+                     f"{r['newton_iters_ref']:.1f} / {r['newton_iters_diffmech']:.1f} | {r['grad_rel_diff']:.1e} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="B = 32 only, 6 repeats, no files written")
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "learn.json"))
+    ap.add_argument("--no-md", action="store_true", help="do not update BENCHMARKS.md")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    load0 = os.getloadavg()
+    sizes = (32,) if args.quick else (32, 128, 512)
+    repeats = 6 if args.quick else args.repeats
+    rows = []
+    for system in ("pendulum", "cartpole"):
+        for B in sizes:
+            r = measure(system, B, repeats)
+            rows.append(r)
+            print(f"{system:9s} B={B:4d} ref {r['ref_ms']:7.2f} ms  diffmech {r['diffmech_ms']:6.2f} ms "
+                  f"({r['ratio']:.1f}x)  warm {r['diffmech_warm_ms']:6.2f} ms ({r['ratio_warm']:.1f}x)  "
+                  f"its {r['newton_iters_ref']:.1f}/{r['newton_iters_diffmech']:.1f}  "
+                  f"grad diff {r['grad_rel_diff']:.1e}",
+                  flush=True)
+    print(table(rows))
+    if args.quick:
+        return 0
+    load = os.getloadavg()
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "torch": torch.__version__,
+            "threads": 1, "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+            "loadavg_at_start": load0, "loadavg_at_end": load, "repeats": repeats}
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"meta": meta, "rows": rows, "target_ratio": TARGET_RATIO}, f, indent=2)
+    if not args.no_md:
+        md = os.path.join(ROOT, "BENCHMARKS.md")
+        text = open(md).read() if os.path.exists(md) else "# Benchmarks\n"
+        met = [r for r in rows if r["ratio"] >= TARGET_RATIO]
+        body = "\n".join([
+            MARK_START,
+            "## Learned dynamics: one E2E-SyMo training step",
+            "",
+            f"_Generated by `python benchmarks/bench_learn.py` on {meta['date']}; torch {meta['torch']}, "
+            f"`torch.set_num_threads(1)`, {meta['cpus']} CPUs shared with other jobs: load average (1/5/15 min) "
+            f"at the start {load0[0]:.1f} / {load0[1]:.1f} / {load0[2]:.1f}, at the end {load[0]:.1f} / "
+            f"{load[1]:.1f} / {load[2]:.1f}._",
+            "",
+            "One Adam step of E2E-SyMo (`zero_grad`, loss, `backward`, `step`) on the seed's training samples, "
+            "seed-initialised weights (`torch.manual_seed(230)`), float32, Newton tolerance 1e-5 and at most 10 "
+            "iterations from the seed's guess `2 q_k - q_(k-1)`. *reference-style*: the seed's algorithm written "
+            "in the benchmark (DEL residual by `autograd.grad(create_graph=True)`, Newton Jacobian row by row with "
+            "autograd, `torch.inverse`, batch-wide RMS stopping rule, solve on a `copy.deepcopy` of the network, "
+            "identity layer whose backward maps `g -> -g^T J^-1` with the Jacobian rebuilt on the copy, default "
+            "Adam). *diffmech*: `diffmech.learn.E2ESyMo.objective` (residual and Jacobian from one pass of the "
+            "network carrying analytic second derivatives, `diffmech.implicit.newton_solve` with per-sample "
+            "convergence, the Jacobian at the root reused by the implicit backward pass, fused Adam). *warm "
+            "start*: the same with the previous step's roots as initial guesses, as the training loop does "
+            "(previous epoch). Each time is the median of three interleaved blocks of "
+            f"{max(repeats // 3, 3)} steps. The last column is the relative difference of the two "
+            "implementations' parameter gradients at the initial weights (float32; the stopping rules differ).",
+            "",
+            table(rows),
+            "",
+            f"Target (issue 11): at least {TARGET_RATIO:.0f}x the reference-style step at every size: met in "
+            f"{len(met)} of {len(rows)} cells (cold start). Raw data: `benchmarks/results/learn.json`.",
+            MARK_END,
+        ])
+        if MARK_START in text:
+            text = text[:text.index(MARK_START)] + body + text[text.index(MARK_END) + len(MARK_END):]
+        else:
+            text = text.rstrip() + "\n\n" + body + "\n"
+        with open(md, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""``diffmech symo {train,evaluate,sweep,figures}``: learned dynamics from the command line.
+
+Registered on the top-level parser by :func:`add_parser`; :func:`main` runs a parsed command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..errors import DiffmechError
+
+MODEL_CHOICES = ("node-rk4", "node-midpoint", "lnode-rk4", "lnode-midpoint", "symo", "e2e-symo")
+SYSTEM_CHOICES = ("pendulum", "cartpole", "damped_pendulum", "damped_cartpole", "double_pendulum", "arm3")
+
+
+def _run_options(p: argparse.ArgumentParser, *, single: bool) -> None:
+    p.add_argument("--system", default="pendulum", choices=SYSTEM_CHOICES, help="system preset (default: %(default)s)")
+    if single:
+        p.add_argument("--model", default="e2e-symo", choices=MODEL_CHOICES, help="model (default: %(default)s)")
+        p.add_argument("--n-ics", type=int, default=128,
+                       help="training initial conditions, the first N of the pool (default: %(default)s)")
+    p.add_argument("--epochs", type=int, default=2000, help="epochs (default: %(default)s)")
+    p.add_argument("--h", type=float, default=None, help="time step, s (default: the preset's: pendulum 0.1, "
+                   "cart-pole 0.05)")
+    p.add_argument("--seed", type=int, default=230, help="model initialisation and shuffling seed (default: "
+                   "%(default)s, the paper's)")
+    p.add_argument("--data-seed", type=int, default=0, help="train/test data seed (default: %(default)s)")
+    p.add_argument("--int-seed", type=int, default=1, help="integration-set seed (default: %(default)s)")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--lr", type=float, default=None, help="initial learning rate (default: the preset's)")
+    p.add_argument("--width", type=int, default=None, help="hidden width (default: the preset's)")
+    p.add_argument("--batch-size", type=int, default=None, help="minibatch size (default: 4 N)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default: %(default)s)")
+    p.add_argument("--inertia", default="paper", choices=("paper", "cholesky"),
+                   help="1-DoF inertia: the seed's softplus(z) or L L^T + eps (default: %(default)s)")
+    p.add_argument("--dissipation", action="store_true", help="learn a Rayleigh dissipation matrix (L-NODE, SyMo)")
+    p.add_argument("--newton-tol", type=float, default=1e-5, help="training Newton tolerance (default: %(default)s)")
+    p.add_argument("--rollout-tol", type=float, default=1e-4, help="rollout Newton tolerance (default: %(default)s)")
+    p.add_argument("--line-search", action="store_true", help="backtracking line search in Newton (the seed: none)")
+    p.add_argument("--no-warm-start", action="store_true",
+                   help="E2E-SyMo: start every Newton solve from 2 q_k - q_{k-1} (the seed) instead of the "
+                        "previous epoch's root")
+    p.add_argument("--n-samples", type=int, default=256,
+                   help="trajectories drawn; the first half is the training pool, the rest the test set "
+                        "(default: %(default)s)")
+    p.add_argument("--n-int", type=int, default=16, help="integration trajectories (default: %(default)s)")
+    p.add_argument("--int-steps", type=int, default=500, help="integration steps (default: %(default)s)")
+    p.add_argument("--tight", action="store_true", help="ground truth with RK45 rtol = atol = 1e-10 instead of "
+                   "the preset's (SciPy's defaults for the seed's systems)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per run (default: %(default)s)")
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    """Add the ``symo`` command group to the top-level subparsers ``sub``."""
+    symo = sub.add_parser("symo", help="learned dynamics: NODE, L-NODE, SyMo, E2E-SyMo (train, evaluate, sweep, "
+                          "figures)", description="Structure-preserving learned dynamics (Santos et al. 2022).")
+    ss = symo.add_subparsers(dest="symo_command", required=True)
+    tr = ss.add_parser("train", help="train and evaluate one model",
+                       description="Train one model on the first N trajectories of the training pool and evaluate "
+                                   "it; writes config.json, history.csv, loss_curves.png, checkpoint.pt, "
+                                   "metrics.json and rollout.npz into --out.")
+    _run_options(tr, single=True)
+    tr.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    tr.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    ev = ss.add_parser("evaluate", help="re-evaluate a trained run (rewrites metrics.json)")
+    ev.add_argument("run", help="run folder (with config.json and checkpoint.pt)")
+    ev.add_argument("--int-steps", type=int, default=None, help="rollout steps (default: the run's)")
+    ev.add_argument("--out", default=None, help="write metrics here instead of RUN/metrics.json")
+    sw = ss.add_parser("sweep", help="all models x training-set sizes of one system (resumable)",
+                       description="Run models x N into OUT/<model>/N<n>; finished runs are skipped, interrupted "
+                                   "ones resume; writes OUT/summary.csv and summary.json.")
+    _run_options(sw, single=False)
+    sw.add_argument("--models", default=",".join(MODEL_CHOICES), help="comma-separated models (default: all six)")
+    sw.add_argument("--n-ics", default="8,16,32,64,128", help="comma-separated N (default: %(default)s)")
+    sw.add_argument("--workers", type=int, default=None, help="parallel runs (default: CPU count)")
+    sw.add_argument("--backend", default="local", choices=("local", "ray"),
+                    help="local process pool or a Ray cluster (pip install 'diffmech[ray]')")
+    sw.add_argument("--nice", type=int, default=0, help="niceness added to the worker processes")
+    sw.add_argument("--figures", action="store_true", help="also write the figures into OUT")
+    fg = ss.add_parser("figures", help="figures of a sweep folder (metrics vs N with the paper's values, "
+                       "phase portraits, energy)")
+    fg.add_argument("sweep", help="sweep folder")
+    fg.add_argument("--out", default=None, help="figure folder (default: the sweep folder)")
+    fg.add_argument("--n-ics", type=int, default=32, help="N of the phase-portrait and energy plots")
+    fg.add_argument("--traj", type=int, default=0, help="integration trajectory to plot")
+    fg.add_argument("--no-paper", action="store_true", help="no overlay of the paper's values")
+    fg.add_argument("--long-horizon", type=int, default=0, metavar="STEPS",
+                    help="also roll the N models out for STEPS steps and plot the energy error (e.g. 10000)")
+    return symo
+
+
+def _config(args, model: str = "e2e-symo", n_ics: int = 128):
+    from .train import TrainConfig
+
+    return TrainConfig(
+        system=args.system, model=model, n_ics=n_ics, epochs=args.epochs, h=args.h, seed=args.seed,
+        data_seed=args.data_seed, int_seed=args.int_seed, batch_size=args.batch_size, lr=args.lr, width=args.width,
+        dtype=args.dtype, device=args.device, newton_tol=args.newton_tol, rollout_tol=args.rollout_tol,
+        line_search=args.line_search, inertia=args.inertia, dissipation=args.dissipation,
+        warm_start=not args.no_warm_start, n_samples=args.n_samples, n_int=args.n_int, int_steps=args.int_steps,
+        rtol=1e-10 if args.tight else None, atol=1e-10 if args.tight else None,
+    )
+
+
+def _print_metrics(m: dict) -> None:
+    keys = ("train_loss", "test_loss", "integration_loss", "energy_loss", "inertia_loss", "integration_median",
+            "energy_loss_consistent", "wall_s")
+    print("  ".join(f"{k}={m[k]:.4g}" if isinstance(m.get(k), float) else f"{k}={m.get(k)}" for k in keys))
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run a parsed ``symo`` command; returns the exit code."""
+    import torch
+
+    try:
+        cmd = args.symo_command
+        if cmd == "train":
+            from .train import run
+
+            torch.set_num_threads(args.threads)
+            m = run(_config(args, args.model, args.n_ics), args.out, resume=args.resume,
+                    progress=False if args.no_progress else None)
+            _print_metrics(m)
+        elif cmd == "evaluate":
+            from .data import step_samples
+            from .train import _data, _dtype, evaluate_run, load_run_model
+
+            cfg, system, model = load_run_model(args.run)
+            if args.int_steps is not None:
+                cfg.int_steps = args.int_steps
+            ds = _data(cfg)
+            dt = _dtype(cfg.dtype)
+            tb = step_samples(ds.train.take(slice(0, cfg.n_ics)), system.n, dtype=dt, device=cfg.device)
+            te = step_samples(ds.test, system.n, dtype=dt, device=cfg.device)
+            out = Path(args.out) if args.out else Path(args.run)
+            out.mkdir(parents=True, exist_ok=True)
+            m = evaluate_run(model, cfg, system, ds, tb, te, out)
+            old = Path(args.run) / "metrics.json"
+            if old.exists():  # keep the training-time values (the paper's train error is the last epoch's)
+                prev = json.loads(old.read_text())
+                m = {**prev, **{k: v for k, v in m.items() if k != "train_loss"}}
+            (out / "metrics.json").write_text(json.dumps(m, indent=2) + "\n")
+            _print_metrics(m)
+        elif cmd == "sweep":
+            from .sweep import sweep
+
+            models = [x.strip() for x in args.models.split(",") if x.strip()]
+            n_ics = [int(x) for x in args.n_ics.split(",") if x.strip()]
+            rows = sweep(_config(args), args.out, models=models, n_ics=n_ics, workers=args.workers,
+                         backend=args.backend, threads=args.threads, nice=args.nice)
+            print(f"{len(rows)} runs in {args.out}/summary.csv")
+            if args.figures:
+                from .figures import make_figures
+
+                for p in make_figures(args.out):
+                    print(p)
+        elif cmd == "figures":
+            from .figures import make_figures
+
+            for p in make_figures(args.sweep, args.out, n_ics=args.n_ics, paper=not args.no_paper, traj=args.traj):
+                print(p)
+            if args.long_horizon:
+                from .figures import long_horizon_figure
+                from .sweep import collect
+
+                rows = collect(args.sweep)
+                system = rows[0]["system"] if rows else "system"
+                out = Path(args.out or args.sweep)
+                path = out / f"{system}_long_horizon_N{args.n_ics}.png"
+                summary = long_horizon_figure(args.sweep, args.n_ics, path, steps=args.long_horizon)
+                (out / f"{system}_long_horizon_N{args.n_ics}.json").write_text(json.dumps(summary, indent=1) + "\n")
+                print(path)
+    except DiffmechError as exc:
+        print(f"diffmech symo {args.symo_command}: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+__all__ = ["add_parser", "main", "MODEL_CHOICES", "SYSTEM_CHOICES"]

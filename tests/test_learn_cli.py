@@ -1,0 +1,127 @@
+"""diffmech symo: a tiny training run through the CLI, resume with nothing lost, sweeps and figures."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+
+import pytest
+import torch
+
+from diffmech.cli import main
+from diffmech.errors import DiffmechError
+from diffmech.learn import MODEL_NAMES, PRESETS, TrainConfig, run
+from diffmech.learn import cli as learn_cli
+from diffmech.learn.sweep import sweep
+
+METRIC_KEYS = ("train_loss", "test_loss", "integration_loss", "energy_loss", "inertia_loss", "integration_median",
+               "integration_positions", "energy_loss_consistent", "train_loss_positions", "test_loss_positions",
+               "wall_s")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("DIFFMECH_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def _tiny(**kw) -> TrainConfig:
+    base = dict(system="pendulum", model="e2e-symo", n_ics=2, epochs=3, n_samples=8, n_int=2, int_steps=10,
+                checkpoint_every=1, log_every=2)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_cli_choices_match_the_library():
+    assert learn_cli.MODEL_CHOICES == MODEL_NAMES
+    assert set(learn_cli.SYSTEM_CHOICES) == set(PRESETS)
+
+
+def test_symo_train_through_the_cli(tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = main(["symo", "train", "--system", "pendulum", "--model", "symo", "--n-ics", "2", "--epochs", "2",
+               "--h", "0.1", "--seed", "3", "--out", str(out), "--n-samples", "8", "--n-int", "2", "--int-steps", "10",
+               "--no-progress"])
+    assert rc == 0
+    for f in ("config.json", "metrics.json", "history.csv", "loss_curves.png", "checkpoint.pt", "rollout.npz"):
+        assert (out / f).is_file(), f
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["model"], cfg["n_ics"], cfg["epochs"], cfg["h"], cfg["seed"]) == ("symo", 2, 2, 0.1, 3)
+    m = json.loads((out / "metrics.json").read_text())
+    for k in METRIC_KEYS:
+        assert k in m and m[k] is not None, k
+    assert m["epochs"] == 2 and m["adam_steps"] == 2 * 8  # 8 minibatches of 4 N samples per epoch
+    with open(out / "history.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["epoch"]) for r in rows] == [1, 2]
+    assert "integration_loss=" in capsys.readouterr().out
+    # a second train into the same folder without --resume is refused; evaluate rewrites the metrics
+    assert main(["symo", "train", "--model", "symo", "--n-ics", "2", "--epochs", "2", "--out", str(out),
+                 "--n-samples", "8", "--n-int", "2", "--int-steps", "10", "--no-progress"]) == 1
+    assert main(["symo", "evaluate", str(out)]) == 0
+    m2 = json.loads((out / "metrics.json").read_text())
+    assert m2["integration_loss"] == pytest.approx(m["integration_loss"], rel=1e-6)
+    assert m2["train_loss"] == m["train_loss"]
+
+
+class _Interrupt(Exception):
+    pass
+
+
+@pytest.mark.parametrize("model", ["e2e-symo", pytest.param("lnode-rk4", marks=pytest.mark.slow)])
+def test_resume_after_an_interruption_loses_nothing(tmp_path, monkeypatch, model):
+    cfg = _tiny(model=model, epochs=4)
+    a = run(cfg, tmp_path / "a", progress=False)
+    # interrupt the second run during its third epoch (after 2 checkpointed epochs)
+    calls = {"n": 0}
+    step = torch.optim.Adam.step
+
+    def failing_step(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2 * 8 + 3:
+            raise _Interrupt
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", failing_step)
+    with pytest.raises(_Interrupt):
+        run(cfg, tmp_path / "b", progress=False)
+    monkeypatch.setattr(torch.optim.Adam, "step", step)
+    assert not (tmp_path / "b" / "metrics.json").exists()
+    b = run(cfg, tmp_path / "b", resume=True, progress=False)
+    ka = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)
+    kb = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)
+    for k in ka["model"]:
+        assert torch.equal(ka["model"][k], kb["model"][k]), k
+    strip = lambda h: [{k: v for k, v in r.items() if k != "epoch_s"} for r in h]  # noqa: E731
+    assert strip(ka["history"]) == strip(kb["history"])
+    for k in ("train_loss", "test_loss", "integration_loss", "energy_loss", "integration_median"):
+        assert a[k] == b[k], k
+    # a finished run resumes to its metrics; more epochs continue it
+    assert run(cfg, tmp_path / "b", resume=True, progress=False)["integration_loss"] == b["integration_loss"]
+    c = run(_tiny(model=model, epochs=5), tmp_path / "b", resume=True, progress=False)
+    assert c["epochs"] == 5
+
+
+def test_sweep_resumes_and_figures(tmp_path):
+    base = _tiny(epochs=2)
+    rows = sweep(base, tmp_path, models=("node-midpoint", "symo"), n_ics=(2,), workers=1, progress=False)
+    assert [(r["model"], r["n_ics"]) for r in rows] == [("node-midpoint", 2), ("symo", 2)]
+    with open(tmp_path / "summary.csv") as f:
+        assert len(list(csv.DictReader(f))) == 2
+    stamp = (tmp_path / "symo" / "N2" / "metrics.json").stat().st_mtime_ns
+    rows2 = sweep(base, tmp_path, models=("node-midpoint", "symo"), n_ics=(2,), workers=1, progress=False)
+    assert rows2 == rows and (tmp_path / "symo" / "N2" / "metrics.json").stat().st_mtime_ns == stamp
+    assert main(["symo", "figures", str(tmp_path), "--n-ics", "2", "--long-horizon", "30"]) == 0
+    for name in ("pendulum_metrics.png", "pendulum_metrics_corrected.png", "pendulum_phase_N2.png",
+                 "pendulum_energy_N2.png", "pendulum_long_horizon_N2.png"):
+        assert (tmp_path / name).stat().st_size > 1000, name
+    table = (tmp_path / "pendulum_comparison.md").read_text()
+    assert "| SyMo | integration error |" in table and "0.0277" in table  # the paper's SyMo value at N = 128
+    lh = json.loads((tmp_path / "pendulum_long_horizon_N2.json").read_text())
+    assert set(lh) == {"symo"} and lh["symo"]["newton_failures"] >= 0
+
+
+def test_ray_backend_needs_ray(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
+    with pytest.raises(DiffmechError, match=r"diffmech\[ray\]"):
+        sweep(_tiny(), tmp_path, models=("symo",), n_ics=(2,), backend="ray", progress=False)
