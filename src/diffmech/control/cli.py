@@ -66,8 +66,8 @@ def add_eigenmode_parser(sub) -> argparse.ArgumentParser:
                       help="start state q1 .. qn p1 .. pn (default: q0 + 0.7, p = 5)")
     stab.add_argument("--periods", type=float, default=3.0, help="simulated horizon in periods (default: %(default)s)")
     stab.add_argument("--grid", type=int, default=4, help="perturbed starts per axis of the start grid (default: %(default)s)")
-    stab.add_argument("--monodromy-steps", type=int, default=600,
-                      help="fixed RK4 steps per period for the monodromy matrices (default: %(default)s)")
+    stab.add_argument("--monodromy-steps", type=int, default=601,
+                      help="fixed RK4 steps per period for the monodromy matrices; odd, so that no stage falls on a turning point when starting at T/4 (default: %(default)s)")
     stab.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
     stab.add_argument("--no-plots", action="store_true", help="skip figures and animations")
 

@@ -10,6 +10,12 @@ flow over one period) is computed two ways and compared:
 The closed loop is autonomous, so ``Phi f(x0) = f(x0)``: one multiplier is 1 (perturbations along
 the flow). It is identified by its eigenvector's alignment with ``f(x0)`` and excluded; the orbit is
 locally orbitally asymptotically stable when all other multipliers lie inside the unit circle.
+
+The energy feedback's direction ``p_hat = p / ||p||_{M^-1}`` flips where ``p`` passes through zero
+(the turning points), so the field's Jacobian jumps there (the field itself is continuous on the
+orbit, so the continuous flow stays differentiable). A fixed-step scheme whose stage lands on a
+turning point is not differentiable at that start: with the start at ``T/4`` and the turning points
+at ``T/2`` and ``T``, use an odd number of steps per period.
 The paper's "ratio of partial derivatives" (spec 5.2, reconstructed) is :func:`ratio_multipliers`.
 """
 
@@ -31,7 +37,7 @@ def orbit_point(stab: ModeStabilizer, fraction: float = 0.25) -> Tensor:
     return orb.interpolate(s)[0]
 
 
-def monodromy_autodiff(stab: ModeStabilizer, x0: Tensor, period: float | None = None, *, steps: int = 600,
+def monodromy_autodiff(stab: ModeStabilizer, x0: Tensor, period: float | None = None, *, steps: int = 601,
                        method: str = "rk4") -> Tensor:
     """``d phi_T / dx (2n, 2n)`` by reverse-mode autodiff through a fixed-step integration."""
     T = stab.orbit.period if period is None else float(period)
@@ -45,7 +51,7 @@ def monodromy_autodiff(stab: ModeStabilizer, x0: Tensor, period: float | None = 
 
 
 def monodromy_fd(stab: ModeStabilizer, x0: Tensor, period: float | None = None, *, eps: float = 1e-6,
-                 steps: int = 600, method: str = "rk4", ivp_rtol: float = 1e-11) -> Tensor:
+                 steps: int = 601, method: str = "rk4", ivp_rtol: float = 1e-11) -> Tensor:
     """``d phi_T / dx`` by central differences; ``method="ivp"`` uses ``solve_ivp`` (DOP853)."""
     T = stab.orbit.period if period is None else float(period)
     D = x0.shape[-1]
@@ -86,7 +92,7 @@ def _orbit_error(stab: ModeStabilizer, x: Tensor) -> Tensor:
 
 
 def ratio_multipliers(stab: ModeStabilizer, x0: Tensor, period: float | None = None, *, eps: float = 1e-3,
-                      steps: int = 600, method: str = "rk4") -> np.ndarray:
+                      steps: int = 601, method: str = "rk4") -> np.ndarray:
     """Spec eq. (22), reconstructed: ``mu_i = d e_i(phi_T(x)) / dx_i  /  d e_i(x) / dx_i`` at ``x0``,
     with ``e(x) = (q - q*(s*), p - sigma p*(s*))`` the error to the orbit, by central differences."""
     T = stab.orbit.period if period is None else float(period)

@@ -216,6 +216,9 @@ def natural_eigenmode(system: HamiltonianSystem, q0_guess, half_period_guess: fl
     """
     sys64 = as_float64(system)
     n = sys64.n
+    if not -n <= fix < n:
+        raise ValueError(f"natural_eigenmode: fix must index one of the {n} coordinates, got {fix}")
+    fix = fix % n
     q0 = torch.as_tensor(q0_guess, dtype=torch.float64).clone()
     free = [i for i in range(n) if i != fix]
 
