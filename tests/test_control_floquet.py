@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from control_helpers import NATURAL_Q0, NATURAL_T, simple_pendulum_system, system
 
+from control_helpers import NATURAL_Q0, NATURAL_T, simple_pendulum_system, system
 from diffmech.control.floquet import monodromy_autodiff, monodromy_fd, multipliers, orbit_point, ratio_multipliers
 from diffmech.control.stabilize import ModeStabilizer, Orbit
 from diffmech.control.verify import natural_eigenmode

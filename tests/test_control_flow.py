@@ -8,8 +8,8 @@ import copy
 import numpy as np
 import pytest
 import torch
-from control_helpers import system
 
+from control_helpers import system
 from diffmech.control import FlowCache, code_grid, effort_integral, hamiltonian_flow, uniform_grid
 from diffmech.control.configs import get_config
 from diffmech.control.eigenmodes import eigenmode_loss
@@ -97,7 +97,8 @@ def test_training_loss_gradient_matches_finite_differences():
     gT, gw = torch.autograd.grad(L, [T, w])
     eps = 1e-6
     with torch.no_grad():
-        fdT = (J(torch.tensor(1.3 + eps, dtype=torch.float64)) - J(torch.tensor(1.3 - eps, dtype=torch.float64))) / (2 * eps)
+        Tp, Tm = torch.tensor(1.3 + eps, dtype=torch.float64), torch.tensor(1.3 - eps, dtype=torch.float64)
+        fdT = (J(Tp) - J(Tm)) / (2 * eps)
         E = torch.zeros_like(w)
         E[1, 2] = eps
         fdw = (J(1.3, E) - J(1.3, -E)) / (2 * eps)

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from control_helpers import NATURAL_Q0, NATURAL_T, paper_pendulum, system
 
+from control_helpers import NATURAL_Q0, NATURAL_T, paper_pendulum, system
 from diffmech.control import HamiltonianSystem, MLPPotential
 from diffmech.control.configs import build_robot, get_config
 from diffmech.control.verify import equilibrium, integrate_ivp, ivp_field, linear_modes, natural_eigenmode, verify_mode

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from control_helpers import NATURAL_Q0, NATURAL_T, system
 
+from control_helpers import NATURAL_Q0, NATURAL_T, system
 from diffmech.control.stabilize import ModeStabilizer, Orbit, TrackingController, signals, simulate, simulate_ivp
 
 

@@ -29,12 +29,19 @@ def _parser() -> argparse.ArgumentParser:
                       help="largest accepted relative round-trip error (default: %(default)s)")
     demo.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    from .control.cli import add_eigenmode_parser
+
+    add_eigenmode_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``diffmech`` script; returns the process exit code."""
     args = _parser().parse_args(argv)
+    if args.command == "eigenmode":
+        from .control.cli import run_eigenmode
+
+        return run_eigenmode(args)
     if args.command == "demo":
         from .demo import available_robots, run_demo
 

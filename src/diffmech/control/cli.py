@@ -29,7 +29,8 @@ def add_eigenmode_parser(sub) -> argparse.ArgumentParser:
                             description="Train V_theta, re-integrate the closed loop with solve_ivp "
                                         "(rtol = atol = 1e-10) and write DIR/metrics.json, history.csv, "
                                         "trajectory.csv, checkpoint.pt and figures.")
-    learn.add_argument("--config", default="main", choices=_CONFIG_NAMES, help="base configuration (default: %(default)s)")
+    learn.add_argument("--config", default="main", choices=_CONFIG_NAMES,
+                       help="base configuration (default: %(default)s)")
     learn.add_argument("--q0", type=float, nargs="+", metavar="A", help="initial configuration (rad)")
     learn.add_argument("--target-angles", type=float, nargs="+", metavar="A",
                        help="target configuration whose end-effector position is the target (rad)")
@@ -65,9 +66,11 @@ def add_eigenmode_parser(sub) -> argparse.ArgumentParser:
     stab.add_argument("--start", type=float, nargs="+", metavar="X",
                       help="start state q1 .. qn p1 .. pn (default: q0 + 0.7, p = 5)")
     stab.add_argument("--periods", type=float, default=3.0, help="simulated horizon in periods (default: %(default)s)")
-    stab.add_argument("--grid", type=int, default=4, help="perturbed starts per axis of the start grid (default: %(default)s)")
+    stab.add_argument("--grid", type=int, default=4,
+                      help="perturbed starts per axis of the start grid (default: %(default)s)")
     stab.add_argument("--monodromy-steps", type=int, default=601,
-                      help="fixed RK4 steps per period for the monodromy matrices; odd, so that no stage falls on a turning point when starting at T/4 (default: %(default)s)")
+                      help="fixed RK4 steps per period for the monodromy matrices; odd, so that no stage "
+                           "falls on a turning point when starting at T/4 (default: %(default)s)")
     stab.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
     stab.add_argument("--no-plots", action="store_true", help="skip figures and animations")
 

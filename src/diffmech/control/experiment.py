@@ -303,12 +303,12 @@ def stabilize(args: argparse.Namespace) -> dict:
                            os.path.join(out, "multipliers.png"))
         r0 = runs["projected (midpoint)"]
         ts = r0["t"]
-        P.plot_efficiency(ts, {"mode controller: |q_dot . u| (V_theta + u_E + u_M)": _cumtrapz(np.abs(r0["power_total"]), ts),
-                               "mode controller: u_E + u_M only": _cumtrapz(np.abs(r0["power_E"] + r0["power_M"]), ts),
-                               "unprojected variant: u_E + u_M": _cumtrapz(
-                                   np.abs(runs["unprojected (midpoint)"]["power_E"]
-                                          + runs["unprojected (midpoint)"]["power_M"]), ts),
-                               "computed-torque PD tracking": _cumtrapz(np.abs(PT), tt.numpy())},
+        un = runs["unprojected (midpoint)"]
+        curves = {"mode controller: |q_dot . u| (V_theta + u_E + u_M)": _cumtrapz(np.abs(r0["power_total"]), ts),
+                  "mode controller: u_E + u_M only": _cumtrapz(np.abs(r0["power_E"] + r0["power_M"]), ts),
+                  "unprojected variant: u_E + u_M": _cumtrapz(np.abs(un["power_E"] + un["power_M"]), ts),
+                  "computed-torque PD tracking": _cumtrapz(np.abs(PT), tt.numpy())}
+        P.plot_efficiency(ts, curves,
                           os.path.join(out, "efficiency.png"), "cumulative |power| (J)")
         P.animate(system, r0["q"], os.path.join(out, "stabilize.gif"), t=ts, orbit_q=orbit.x[:, :n].numpy(),
                   target=trainer.target.double().numpy(), frames=90, title="stabilisation from a perturbed start")
@@ -333,9 +333,11 @@ def format_metrics(m: dict, *, stabilize: bool = False) -> str:
         lines.append(f"  wall {m['wall_s']:.1f} s")
         return "\n".join(lines)
     return (f"config {m['config']}: T = {m['period']:.4g} s, end-effector error at T/2 "
-            f"{1e3 * m['ee_error_half_period']:.2f} mm (fixed-step {1e3 * m['fixed_step']['ee_error_half_period']:.2f} mm), "
-            f"periodicity error {m['periodicity_error']:.3g}, |p(T/2)| {m['p_half_norm']:.3g}, effort {m['effort']:.4g}, "
-            f"{m['steps']} steps in {m['train_s']:.1f} s ({1e3 * m['s_per_step']:.0f} ms/step), wall {m['wall_s']:.1f} s")
+            f"{1e3 * m['ee_error_half_period']:.2f} mm "
+            f"(fixed-step {1e3 * m['fixed_step']['ee_error_half_period']:.2f} mm), "
+            f"periodicity error {m['periodicity_error']:.3g}, |p(T/2)| {m['p_half_norm']:.3g}, "
+            f"effort {m['effort']:.4g}, {m['steps']} steps in {m['train_s']:.1f} s "
+            f"({1e3 * m['s_per_step']:.0f} ms/step), wall {m['wall_s']:.1f} s")
 
 
 def report(out: str) -> str:
@@ -353,9 +355,11 @@ def report(out: str) -> str:
              f"| periodicity error after T | {m['periodicity_error']:.3g} |",
              f"| ‖p(T/2)‖ | {m['p_half_norm']:.3g} (relative {ha.get('p_half_relative', float('nan')):.3g}) |",
              f"| time-reversal symmetry max ‖q(t) - q(T-t)‖₁ (rad) | {ha.get('symmetry_error_q', float('nan')):.3g} |",
-             f"| line-shaped trace | {ha.get('line_shaped')} (min chord ratio {ha.get('line_min_chord_ratio', float('nan')):.3g}) |",
+             f"| line-shaped trace | {ha.get('line_shaped')} "
+             f"(min chord ratio {ha.get('line_min_chord_ratio', float('nan')):.3g}) |",
              f"| effort ∫‖u‖² dt | {m['effort']:.4g} |",
-             f"| training | {m['steps']} steps, {m['train_s']:.1f} s ({1e3 * m['s_per_step']:.0f} ms/step), wall {m['wall_s']:.1f} s |"]
+             f"| training | {m['steps']} steps, {m['train_s']:.1f} s ({1e3 * m['s_per_step']:.0f} ms/step), "
+             f"wall {m['wall_s']:.1f} s |"]
     if "max_multiplier" in m:
         lines.append(f"| cycle multipliers (non-trivial moduli) | {', '.join(f'{x:.3g}' for x in m['multipliers'])} |")
         lines.append(f"| max multiplier | {m['max_multiplier']:.4g} |")

@@ -367,7 +367,8 @@ class _DiscreteAdjointFlow(torch.autograd.Function):
         X, st, lin = _solve(r, x0.detach(), Tabs)
         n = r.system.n
         ctx.r = r
-        ctx.save_for_backward(period, st.Y, st.G, st.J, lin.dphi, lin.dY, *((lin.prec,) if lin.prec is not None else ()))
+        extra = (lin.prec,) if lin.prec is not None else ()
+        ctx.save_for_backward(period, st.Y, st.G, st.J, lin.dphi, lin.dY, *extra)
         return X, st.Y[..., :n].clone()
 
     @staticmethod

@@ -106,7 +106,8 @@ def plot_potential(system: HamiltonianSystem, traj: dict, path: str, *, span: fl
         V = system.control_potential(Qt).cpu().double().numpy().reshape(res, res)
         U = (system.plant_potential(Qt) + system.control_potential(Qt)).cpu().double().numpy().reshape(res, res)
     fig, ax = plt.subplots(1, 2, figsize=(11, 4.3))
-    for axis, Z, title in ((ax[0], V, "learned potential V_theta (J)"), (ax[1], U, "closed-loop potential U + V_theta (J)")):
+    panels = ((ax[0], V, "learned potential V_theta (J)"), (ax[1], U, "closed-loop potential U + V_theta (J)"))
+    for axis, Z, title in panels:
         cs = axis.contourf(A, Bm, Z, levels=30, cmap="viridis")
         fig.colorbar(cs, ax=axis)
         axis.plot(q[:, 0], q[:, 1], "w-", lw=2)
