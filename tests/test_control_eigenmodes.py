@@ -65,7 +65,7 @@ def test_learned_period_stays_positive_and_moves():
     cfg = get_config("tiny", learn_period=True, period_init=1.0, epochs=3)
     tr = EigenmodeTrainer(cfg)
     tr.train(progress=False)
-    assert float(tr.period) > 0 and float(tr.period) != 1.0
+    assert float(tr.period.detach()) > 0 and float(tr.period.detach()) != 1.0
 
 
 def test_cli_learn_resume_report(tmp_path):

@@ -124,21 +124,22 @@ class Flow(NamedTuple):
 
 @dataclass
 class FlowCache:
-    """Warm start for the Newton solve: the last trajectory and its step linearisation.
+    """Warm start for the Newton solve: the last trajectory and its plant Jacobians.
 
-    Pass the same cache to successive calls whose trajectories are close (training steps).
-    ``stats`` collects, per call, the Newton iterations, the final residual and whether the
-    sequential fallback ran.
+    Pass the same cache to successive calls whose trajectories are close (training steps). The
+    first Newton update of the next call uses the plant part of the stored step Jacobians with the
+    control potential's Hessian re-evaluated for the current parameters (cheap), so only the plant
+    part is stale. ``stats`` collects, per call, the Newton iterations, the Jacobian evaluations,
+    the residuals and whether the sequential fallback ran.
     """
 
     X: Tensor | None = None
-    dphi: Tensor | None = None
-    prec: Tensor | None = None
+    J_plant: Tensor | None = None  # (B, N, S, 2n, 2n) plant part of the stage Jacobians (without |T|)
     key: tuple | None = None
     stats: list = field(default_factory=list)
 
     def clear(self) -> None:
-        self.X = self.dphi = self.prec = self.key = None
+        self.X = self.J_plant = self.key = None
 
 
 class _Stages(NamedTuple):
@@ -298,39 +299,67 @@ def _implicit_step(r: _Runner, x: Tensor, Tabs: Tensor, k: int, max_iter: int = 
                            f"Newton iterations (residual {float(res.abs().max()):.3e})")
 
 
-def _newton(r: _Runner, x0: Tensor, Tabs: Tensor, X: Tensor, lin: _Lin | None
+def _potential_jacobian(r: _Runner, Y: Tensor) -> Tensor:
+    """The control potential's part of the field Jacobian at stage states ``Y (..., 2n)`` (without |T|)."""
+    n = r.system.n
+    Hv = r.system.potential.hessian(Y[..., :n].reshape(-1, n)).reshape(*Y.shape[:-1], n, n)
+    J = Y.new_zeros(*Y.shape, Y.shape[-1])
+    J[..., n:, :n] = -Hv
+    return J
+
+
+def _newton(r: _Runner, x0: Tensor, Tabs: Tensor, X: Tensor, J_plant: Tensor | None
             ) -> tuple[Tensor, _Stages, _Lin, dict] | None:
-    """Newton on the whole trajectory from the guess ``X``; ``None`` when it fails."""
+    """Newton on the whole trajectory from the guess ``X``; ``None`` when it fails.
+
+    The step Jacobians (the expensive part: second derivatives of ``H`` at every stage) are
+    recomputed only where they pay: at an iterate expected to be the last one (they are needed
+    there for the adjoint) and where the previous update contracted the residual poorly; other
+    iterates reuse the last linearisation (a chord / quasi-Newton step).
+    """
     X = X.clone()
     X[:, 0] = x0
     eps = torch.finfo(X.dtype).eps
-    st = _stages(r, X, Tabs, jac=lin is None)
+    st = _stages(r, X, Tabs, jac=J_plant is None)
     R = _residual(r, X, st, Tabs)
     res = float(R.abs().max())
     hist = [res]
-    if lin is None:
+    if J_plant is None:
         lin = _linearize(r, st, Tabs)
-    it = 0
+    else:
+        lin = _linearize(r, _Stages(st.Y, st.G, J_plant + _potential_jacobian(r, st.Y)), Tabs)
+    it, n_jac, rate = 0, int(st.J is not None), None
     while res > _tolerance(r, X):
         if it >= r.max_iter or not math.isfinite(res):
             return None
         rhs = -R if lin.prec is None else -(lin.prec @ R.unsqueeze(-1)).squeeze(-1)
         X = X + _forward_recurrence(lin.dphi, rhs)
         it += 1
-        st = _stages(r, X, Tabs, jac=True)
+        tol = _tolerance(r, X)
+        want_jac = (0.01 if rate is None else rate) * res <= tol
+        st = _stages(r, X, Tabs, jac=want_jac)
         R = _residual(r, X, st, Tabs)
-        lin = _linearize(r, st, Tabs)
         new = float(R.abs().max())
         hist.append(new)
+        rate = new / max(res, 1e-300)
+        if want_jac:
+            lin = _linearize(r, st, Tabs)
+            n_jac += 1
+        elif rate > 0.2 and new > tol:  # a stale linearisation: refresh it here
+            st = _stages(r, X, Tabs, jac=True)
+            lin = _linearize(r, st, Tabs)
+            n_jac += 1
         if new > 0.5 * res and new <= 1e3 * eps * (1.0 + float(X.abs().max())):
+            res = new
             break  # round-off floor reached
         if new > 1e3 * max(hist[0], 1e-3) or not math.isfinite(new):
             return None
         res = new
-    if st.J is None:  # converged on the first evaluation with a cached linearisation
+    if st.J is None:  # the adjoint needs the exact step Jacobians of the final trajectory
         st = _stages(r, X, Tabs, jac=True)
         lin = _linearize(r, st, Tabs)
-    return X, st, lin, {"iterations": it, "residual": hist[-1], "history": hist}
+        n_jac += 1
+    return X, st, lin, {"iterations": it, "jacobians": n_jac, "residual": hist[-1], "history": hist}
 
 
 def _solve(r: _Runner, x0: Tensor, Tabs: Tensor) -> tuple[Tensor, _Stages, _Lin]:
@@ -340,8 +369,7 @@ def _solve(r: _Runner, x0: Tensor, Tabs: Tensor) -> tuple[Tensor, _Stages, _Lin]
     out = None
     info: dict = {"iterations": 0, "fallback": False}
     if r.solver == "newton" and cache is not None and cache.key == key and cache.X is not None:
-        lin = None if cache.dphi is None else _Lin(cache.dphi, cache.prec, cache.dphi.new_zeros(0))
-        out = _newton(r, x0, Tabs, cache.X, lin)
+        out = _newton(r, x0, Tabs, cache.X, cache.J_plant)
         if out is None:
             info["fallback"] = True
     if out is not None:
@@ -353,8 +381,8 @@ def _solve(r: _Runner, x0: Tensor, Tabs: Tensor) -> tuple[Tensor, _Stages, _Lin]
         lin = _linearize(r, st, Tabs)
         info["residual"] = float(_residual(r, X, st, Tabs).abs().max())
     if cache is not None:
-        cache.X, cache.dphi, cache.prec, cache.key = X.detach(), lin.dphi.detach(), (
-            None if lin.prec is None else lin.prec.detach()), key
+        cache.X, cache.key = X.detach(), key
+        cache.J_plant = (st.J - _potential_jacobian(r, st.Y)).detach()
         cache.stats.append(info)
     return X, st, lin
 
