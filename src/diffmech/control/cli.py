@@ -71,6 +71,9 @@ def add_eigenmode_parser(sub) -> argparse.ArgumentParser:
     stab.add_argument("--monodromy-steps", type=int, default=601,
                       help="fixed RK4 steps per period for the monodromy matrices; odd, so that no stage "
                            "falls on a turning point when starting at T/4 (default: %(default)s)")
+    stab.add_argument("--tag", default="",
+                      help="suffix of the output files (stabilize_TAG.json, ...) to keep several settings side "
+                           "by side; metrics.json gets the multipliers only without a tag")
     stab.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
     stab.add_argument("--no-plots", action="store_true", help="skip figures and animations")
 

@@ -288,8 +288,9 @@ def stabilize(args: argparse.Namespace) -> dict:
         "multipliers": mu_a["moduli"], "max_multiplier": mu_a["max_modulus"],
         "wall_s": time.perf_counter() - t_start,
     }
-    _dump(os.path.join(out, "stabilize.json"), result)
-    if os.path.exists(mpath):
+    tag = f"_{args.tag}" if getattr(args, "tag", "") else ""
+    _dump(os.path.join(out, f"stabilize{tag}.json"), result)
+    if os.path.exists(mpath) and not tag:
         with open(mpath) as f:
             metrics = json.load(f)
         metrics.update({"multipliers": mu_a["moduli"], "max_multiplier": mu_a["max_modulus"],
@@ -298,9 +299,9 @@ def stabilize(args: argparse.Namespace) -> dict:
     if not args.no_plots:
         from . import plots as P
 
-        P.plot_stabilization(runs, E, os.path.join(out, "stabilize.png"))
+        P.plot_stabilization(runs, E, os.path.join(out, f"stabilize{tag}.png"))
         P.plot_multipliers({"autodiff": mu_a["all"], "finite differences": mu_f["all"]},
-                           os.path.join(out, "multipliers.png"))
+                           os.path.join(out, f"multipliers{tag}.png"))
         r0 = runs["projected (midpoint)"]
         ts = r0["t"]
         un = runs["unprojected (midpoint)"]
@@ -309,8 +310,8 @@ def stabilize(args: argparse.Namespace) -> dict:
                   "unprojected variant: u_E + u_M": _cumtrapz(np.abs(un["power_E"] + un["power_M"]), ts),
                   "computed-torque PD tracking": _cumtrapz(np.abs(PT), tt.numpy())}
         P.plot_efficiency(ts, curves,
-                          os.path.join(out, "efficiency.png"), "cumulative |power| (J)")
-        P.animate(system, r0["q"], os.path.join(out, "stabilize.gif"), t=ts, orbit_q=orbit.x[:, :n].numpy(),
+                          os.path.join(out, f"efficiency{tag}.png"), "cumulative |power| (J)")
+        P.animate(system, r0["q"], os.path.join(out, f"stabilize{tag}.gif"), t=ts, orbit_q=orbit.x[:, :n].numpy(),
                   target=trainer.target.double().numpy(), frames=90, title="stabilisation from a perturbed start")
     return {"config": cfg.name, **{k: result[k] for k in ("gains", "damping", "max_multiplier", "multipliers",
                                                             "wall_s")},
