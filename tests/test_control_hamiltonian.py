@@ -139,3 +139,18 @@ def test_joint_subset_is_the_clamped_robot():
     assert G.shape == (2, 2) and J.shape == (2, 2, 2)
     with pytest.raises(ModelError):
         HamiltonianSystem(robot, joints=["nope"])
+
+
+def test_inverse_dynamics_matches_the_hamiltonian_field():
+    """ID(q, v, a) with a from the Hamiltonian field (no control) returns zero force, also on a joint subset."""
+    robot = paper_pendulum()
+    for sys_ in (HamiltonianSystem(robot), HamiltonianSystem(robot, joints=["joint2"],
+                                                                locked=torch.tensor([0.3, 0.0], dtype=torch.float64))):
+        n = sys_.n
+        x = torch.randn(5, 2 * n, dtype=torch.float64)
+        G, J = sys_.field(x, jacobian=True, closed_loop=False)
+        v = G[:, :n]
+        a = (J @ G.unsqueeze(-1)).squeeze(-1)[:, :n]  # qdd = d/dt (M^-1 p)
+        torch.testing.assert_close(sys_.inverse_dynamics(x[:, :n], v, a), torch.zeros(5, n, dtype=torch.float64),
+                                   rtol=0, atol=1e-10)
+        torch.testing.assert_close(sys_.acceleration(x[:, :n], v, torch.zeros(5, n, dtype=torch.float64)), a)

@@ -111,8 +111,9 @@ class EigenmodeTrainer:
     def __init__(self, cfg: EigenmodeConfig, out: str | None = None):
         self.cfg = cfg
         self.out = out
-        torch.manual_seed(cfg.seed)
-        self.system = build_system(cfg)
+        with torch.random.fork_rng(devices=[]):  # seed the network's initialisation without touching the caller's RNG
+            torch.manual_seed(cfg.seed)
+            self.system = build_system(cfg)
         self.dtype = cfg.torch_dtype
         dev = self.system.device
         self.generator = torch.Generator().manual_seed(cfg.seed + 1)
@@ -217,7 +218,7 @@ class EigenmodeTrainer:
                 "period": float(self.period.detach()), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "epoch": self.epoch, "history": self.history,
                 "train_seconds": self.train_seconds, "generator": self.generator.get_state(),
-                "stopped_early": self.stopped_early, "torch_rng": torch.get_rng_state()}
+                "stopped_early": self.stopped_early}
 
     def load_state_dict(self, state: dict) -> None:
         self.system.potential.load_state_dict(state["potential"])
@@ -230,7 +231,6 @@ class EigenmodeTrainer:
         self.train_seconds = float(state["train_seconds"])
         self.generator.set_state(state["generator"])
         self.stopped_early = bool(state.get("stopped_early", False))
-        torch.set_rng_state(state["torch_rng"])
         self.cache.clear()
 
     def save(self) -> None:

@@ -14,7 +14,7 @@ import torch
 from ..errors import DiffmechError
 from .configs import get_config
 from .eigenmodes import EigenmodeTrainer, half_index
-from .floquet import monodromy_autodiff, monodromy_fd, multipliers, orbit_point, ratio_multipliers
+from .floquet import limit_cycle, monodromy_autodiff, monodromy_fd, multipliers, ratio_multipliers
 from .stabilize import ModeStabilizer, Orbit, TrackingController, signals, simulate, simulate_ivp
 from .verify import as_float64, verify_mode
 
@@ -253,26 +253,28 @@ def stabilize(args: argparse.Namespace) -> dict:
     tracking = {"kp": track.kp, "kd": track.kd, "actuator_work_abs": float(np.trapezoid(np.abs(PT), tt.numpy())),
                 "actuator_effort": float(np.trapezoid(uT.square().sum(-1).numpy(), tt.numpy()))}
 
-    # cycle multipliers at x*(T/4), undamped closed loop
-    x0 = orbit_point(stab, 0.25)
+    # cycle multipliers on the closed loop's own limit cycle (next to the stored orbit), undamped
     ms = int(args.monodromy_steps)
+    cyc = limit_cycle(stab, steps=ms)
+    x0, Tc = cyc["x0"], cyc["period"]
     tm = time.perf_counter()
-    Ma = monodromy_autodiff(stab, x0, steps=ms)
+    Ma = monodromy_autodiff(stab, x0, Tc, steps=ms)
     t_ad = time.perf_counter() - tm
     tm = time.perf_counter()
-    Mf = monodromy_fd(stab, x0, steps=ms)
+    Mf = monodromy_fd(stab, x0, Tc, steps=ms)
     t_fd = time.perf_counter() - tm
     with torch.no_grad():
         f0 = stab.field(x0)
     mu_a = multipliers(Ma, f0)
     mu_f = multipliers(Mf, f0)
-    ratio = ratio_multipliers(stab, x0, steps=ms)
+    ratio = ratio_multipliers(stab, x0, Tc, steps=ms)
     tq = orbit.t.numpy()
     with torch.no_grad():
         pn = (orbit.x[:, n:] * system.velocity(orbit.x[:, :n], orbit.x[:, n:])).sum(-1).clamp_min(0).sqrt().numpy()
     mu_energy_pred = math.exp(-gains[0] * float(np.trapezoid(pn, tq)))
     floquet = {
-        "x0": x0.tolist(), "steps_per_period": ms,
+        "x0": x0.tolist(), "steps_per_period": ms, "limit_cycle_period": Tc, "limit_cycle_gap_q": cyc["gap"],
+        "limit_cycle_return_error": cyc["return_error"],
         "autodiff": {"multipliers": [complex(z) for z in mu_a["nontrivial"]], "moduli": mu_a["moduli"],
                      "trivial": mu_a["trivial"], "max_modulus": mu_a["max_modulus"], "seconds": t_ad},
         "finite_differences": {"multipliers": [complex(z) for z in mu_f["nontrivial"]], "moduli": mu_f["moduli"],

@@ -15,7 +15,10 @@ The energy feedback's direction ``p_hat = p / ||p||_{M^-1}`` flips where ``p`` p
 (the turning points), so the field's Jacobian jumps there (the field itself is continuous on the
 orbit, so the continuous flow stays differentiable). A fixed-step scheme whose stage lands on a
 turning point is not differentiable at that start: with the start at ``T/4`` and the turning points
-at ``T/2`` and ``T``, use an odd number of steps per period.
+at ``T/2`` and ``T``, use an odd number of steps per period. Near a turning point the closest-point
+map ``q -> s*(q)`` (and with it ``p*(s*(q))``) also has a square-root singularity, because the orbit's
+speed vanishes there; finite differences lose accuracy around it, so compare the two monodromy
+matrices on the limit cycle (:func:`limit_cycle`), where the feedback vanishes.
 The paper's "ratio of partial derivatives" (spec 5.2, reconstructed) is :func:`ratio_multipliers`.
 """
 
@@ -25,9 +28,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..errors import ConvergenceError
 from .stabilize import ModeStabilizer, simulate, simulate_ivp
 
-__all__ = ["monodromy_autodiff", "monodromy_fd", "multipliers", "ratio_multipliers", "orbit_point"]
+__all__ = ["monodromy_autodiff", "monodromy_fd", "multipliers", "ratio_multipliers", "orbit_point", "limit_cycle"]
 
 
 def orbit_point(stab: ModeStabilizer, fraction: float = 0.25) -> Tensor:
@@ -35,6 +39,56 @@ def orbit_point(stab: ModeStabilizer, fraction: float = 0.25) -> Tensor:
     orb = stab.orbit
     s = torch.tensor(fraction * orb.period, dtype=orb.x.dtype, device=orb.x.device)
     return orb.interpolate(s)[0]
+
+
+def limit_cycle(stab: ModeStabilizer, x0: Tensor | None = None, *, periods: int = 4, steps: int = 601,
+                method: str = "rk4") -> dict:
+    """The closed loop's own periodic orbit near the stored one, and its period.
+
+    A learned mode is periodic only up to the training's accuracy, so the stored orbit is not exactly
+    invariant under the controller; the attracting limit cycle next to it is. It is reached by
+    integrating ``periods`` periods from ``x0`` (default ``x*(T/4)``); its period is the return time to
+    the hyperplane through the final point normal to the flow (fixed steps, then a secant
+    refinement of the last step).
+
+    Returns:
+        ``{"x0", "period", "return_error", "gap"}``: a point on the cycle, its period (s), the
+        distance between that point and the state one period later (convergence check) and the
+        largest distance between the cycle and the stored orbit in ``q``.
+    """
+    T = stab.orbit.period
+    h = T / steps
+    x = orbit_point(stab, 0.25) if x0 is None else x0.detach()
+    with torch.no_grad():
+        _, X = simulate(stab.field, x, periods * T, periods * steps, method=method)
+        xc = X[-1]
+        fc = stab.field(xc)
+        m = int(1.5 * steps)
+        _, Y = simulate(stab.field, xc, m * h, m, method=method)
+        g = (Y - xc) @ fc
+        k0 = steps // 2
+        idx = [k for k in range(k0, Y.shape[0]) if g[k - 1] < 0 <= g[k]]
+        if not idx:
+            raise ConvergenceError("limit_cycle: the trajectory does not return to its section within 1.5 periods")
+        k = idx[0]
+        # secant on the section function over the last step
+        a, b = 0.0, h
+        ga, gb = float(g[k - 1]), float(g[k])
+        for _ in range(8):
+            tau = a - ga * (b - a) / (gb - ga)
+            _, Z = simulate(stab.field, Y[k - 1], tau, 1, method=method) if tau > 0 else (None, Y[k - 1 : k])
+            gt = float((Z[-1] - xc) @ fc)
+            if abs(gt) < 1e-14 * max(1.0, float(fc.norm()) ** 2):
+                break
+            if gt < 0:
+                a, ga = tau, gt
+            else:
+                b, gb = tau, gt
+        Tc = (k - 1) * h + tau
+        ret = float((Z[-1] - xc).norm())
+        nq = stab.system.n
+        gap = float(stab.terms(Y[: int(Tc / h) + 1])["q_ref"].sub(Y[: int(Tc / h) + 1, :nq]).norm(dim=-1).max())
+    return {"x0": xc, "period": float(Tc), "return_error": ret, "gap": gap}
 
 
 def monodromy_autodiff(stab: ModeStabilizer, x0: Tensor, period: float | None = None, *, steps: int = 601,

@@ -145,6 +145,23 @@ class HamiltonianSystem(nn.Module):
             H = H + self.control_potential(q)
         return H
 
+    def _full_velocity(self, v: Tensor) -> Tensor:
+        if not self.subset:
+            return v
+        base = v.new_zeros(*v.shape[:-1], self.robot.nv)
+        return base.scatter(-1, self.index.expand(*v.shape[:-1], self.n), v)
+
+    def inverse_dynamics(self, q: Tensor, v: Tensor, a: Tensor) -> Tensor:
+        """Generalised forces ``(..., n)`` that give the accelerations ``a`` at ``(q, v)`` (RNEA; joint
+        springs included, locked joints held still)."""
+        tau = self.robot.inverse_dynamics(self.full_configuration(q), self._full_velocity(v), self._full_velocity(a))
+        return tau[..., self.index] if self.subset else tau
+
+    def acceleration(self, q: Tensor, v: Tensor, tau: Tensor) -> Tensor:
+        """Accelerations ``(..., n)`` under the generalised forces ``tau`` (plant only)."""
+        bias = self.inverse_dynamics(q, v, torch.zeros_like(v))
+        return torch.linalg.solve(self.mass_matrix(q), (tau - bias).unsqueeze(-1)).squeeze(-1)
+
     def end_effector(self, q: Tensor) -> Tensor:
         """World position of :attr:`ee_link`'s origin ``(..., 3)``, m."""
         return self.robot.link_pose(self.full_configuration(q), self.ee_link)[..., :3, 3]

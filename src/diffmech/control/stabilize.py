@@ -224,8 +224,10 @@ class ModeStabilizer:
 class TrackingController:
     """Computed-torque PD tracking of the orbit's time parametrisation (for comparison).
 
-    ``u = M (qdd* + Kd (qd* - qd) + Kp (q* - q) - (dv/dq) qd) + dH/dq`` makes the plant (without
-    any learned potential) follow ``q*(t + t0)``; it is the total actuator force.
+    ``u = ID(q, qd, qdd*(t) + Kd (qd*(t) - qd) + Kp (q*(t) - q))`` (inverse dynamics of the plant,
+    without any learned potential) makes the plant follow ``q*(t + t0)``; ``u`` is the total
+    actuator force. ``qdd*`` is the closed loop's acceleration on the orbit (plant under
+    ``-grad V_theta``).
     """
 
     system: HamiltonianSystem
@@ -237,26 +239,25 @@ class TrackingController:
     def __post_init__(self):
         self.orbit = self.orbit.to(self.system.dtype, self.system.device)
 
-    def _desired(self, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def desired(self, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``q*, qd*, qdd*`` at times ``t (...)``."""
         n = self.system.n
         s = torch.remainder(t + self.t0, self.orbit.period)
-        x, dx = self.orbit.interpolate(s, 1)
-        q, qd = x[..., :n], None
-        # q_dot* from the exact field, q_ddot* from the derivative of the interpolated q_dot*
-        G, J = self.system.field(x, jacobian=True)
-        qd = G[..., :n]
-        qdd = (J @ G.unsqueeze(-1)).squeeze(-1)[..., :n]
+        x = self.orbit.interpolate(s)[0]
+        q, p = x[..., :n], x[..., n:]
+        with torch.no_grad():
+            qd = self.system.velocity(q, p)
+            qdd = self.system.acceleration(q, qd, self.system.control_force(q))
         return q, qd, qdd
 
     def force(self, t: Tensor, x: Tensor) -> Tensor:
         n = self.system.n
-        q_des, qd_des, qdd_des = self._desired(t)
-        G, J = self.system.field(x, jacobian=True, closed_loop=False)
-        qd = G[..., :n]
-        a = qdd_des + self.kd * (qd_des - qd) + self.kp * (q_des - x[..., :n])
-        dvdq = J[..., :n, :n]
-        M = self.system.mass_matrix(x[..., :n])
-        return (M @ (a - (dvdq @ qd.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1)).squeeze(-1) - G[..., n:]
+        q, p = x[..., :n], x[..., n:]
+        q_des, qd_des, qdd_des = self.desired(t)
+        with torch.no_grad():
+            qd = self.system.velocity(q, p)
+            a = qdd_des + self.kd * (qd_des - qd) + self.kp * (q_des - q)
+            return self.system.inverse_dynamics(q, qd, a)
 
     def field(self, t: Tensor, x: Tensor) -> Tensor:
         G, _ = self.system.field(x, closed_loop=False)
