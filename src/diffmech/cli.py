@@ -29,9 +29,11 @@ def _parser() -> argparse.ArgumentParser:
                       help="largest accepted relative round-trip error (default: %(default)s)")
     demo.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    from .control.cli import add_eigenmode_parser
     from .learn.cli import add_parser as add_symo_parser
 
     add_symo_parser(sub)
+    add_eigenmode_parser(sub)
     return parser
 
 
@@ -42,6 +44,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .learn.cli import main as symo_main
 
         return symo_main(args)
+    if args.command == "eigenmode":
+        from .control.cli import run_eigenmode
+
+        return run_eigenmode(args)
     if args.command == "demo":
         from .demo import available_robots, run_demo
 

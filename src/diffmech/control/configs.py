@@ -1,0 +1,187 @@
+"""Configurations of the eigenmode experiments and the systems they run on.
+
+Every choice the reconstruction of the eigenmode paper could not settle (spec section 7) is a field
+here: spring factor, squared task term, network variant, steps per epoch, period, effort weight,
+gains. Values marked in the field comments follow the paper's public code (2022 scripts unless
+said otherwise).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import ModelError
+from .hamiltonian import HamiltonianSystem
+from .potentials import MLPPotential
+
+__all__ = ["EigenmodeConfig", "CONFIGS", "get_config", "build_system", "build_potential"]
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+@dataclass
+class EigenmodeConfig:
+    """One learning run: system, task, loss, network, optimiser, solver."""
+
+    name: str = "main"
+    # system
+    system: str = "double_pendulum"  # double_pendulum | three_link | iiwa
+    masses: tuple[float, ...] = (1.0, 1.0)
+    lengths: tuple[float, ...] = (1.0, 1.0)
+    stiffness: tuple[float, ...] = (0.0, 0.5)  # k of the paper's table; see spring_factor
+    rest: tuple[float, ...] = (0.0, math.pi / 2)  # joint-2 rest angle: right elbow (relative angle)
+    spring_factor: str = "code"  # "code": V_s = k (q - rest)^2 (public code); "paper": 1/2 k (q - rest)^2
+    gravity: float = 9.81
+    joints: tuple[str, ...] | None = None  # free joints of a URDF robot (others locked at 0)
+    ee_link: str | None = None
+    # task
+    q0: tuple[float, ...] = (-0.5, -0.5)
+    target_angles: tuple[float, ...] | None = (0.75, 0.75)
+    target_position: tuple[float, ...] | None = None  # task-space target (m), overrides target_angles
+    period: float = 1.5
+    learn_period: bool = False
+    period_init: float = 1.0  # initial T when learned (appendix D)
+    period_min: float = 0.0
+    # loss
+    w_task: float = 10.0
+    task_squared: bool = True  # the code squares the end-effector distance
+    effort: float = 1e-4  # c
+    effort_anneal: bool = True  # cyclical 0 -> 1 ramp of the effort weight (code, not in the paper)
+    effort_cycles: int = 4
+    effort_ratio: float = 0.5
+    lambdas: tuple[float, float, float] = (0.05, 0.0005, 0.95)  # q-symmetry, p-antisymmetry, p(T/2) = 0
+    rho: float = 1.0
+    samples: int = 25  # sample times of the constraint's max-norms, drawn per step
+    # network
+    hidden: int = 256
+    depth: int = 2  # code: 2; paper Table 2: 1
+    fourier: bool = True  # code: (sin q, cos q) input; paper Table 2: raw angles
+    # optimiser
+    lr: float = 1e-3
+    gamma: float = 0.999  # ExponentialLR, stepped per epoch
+    epochs: int = 500
+    steps_per_epoch: int = 7  # 2022 code: 7; 2023 code: 1
+    # solver
+    grid_points: int = 100  # linspace(0, 1, grid_points) plus s = 0.5
+    method: str = "midpoint"
+    solver: str = "newton"
+    adjoint: str = "discrete"
+    dtype: str = "float32"
+    seed: int = 0
+    # stopping (None: run every epoch): stop once the discrete end-effector error at T/2 is below
+    # stop_ee (m) and ||p(T/2)|| below stop_p
+    stop_ee: float | None = None
+    stop_p: float | None = None
+    # stabilisation defaults
+    gains: tuple[float, float] = (1.0, 10.0)  # alpha_E, alpha_M
+    damping: float = 0.0
+    start: tuple[float, ...] | None = None  # perturbed start (q, p); default q0 + 0.7, p = 5
+    notes: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    def replace(self, **changes) -> EigenmodeConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> EigenmodeConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {}
+        for k, v in d.items():
+            if k in names:
+                kw[k] = tuple(v) if isinstance(v, list) else v
+        return cls(**kw)
+
+
+_MAIN = EigenmodeConfig(notes="Section 5 of the paper: q0 = (-0.5, -0.5), target FK(0.75, 0.75), T = 1.5 s, "
+                              "c = 1e-4, 500 epochs of 7 steps (2022 code)")
+
+CONFIGS: dict[str, EigenmodeConfig] = {
+    "main": _MAIN,
+    "example": _MAIN.replace(name="example", period=1.75, effort=1e-3, epochs=700, steps_per_epoch=1,
+                             notes="the 2023 public example: T = 1.75 s, c = 1e-3, 700 epochs of 1 step"),
+    "effort-sweep": _MAIN.replace(name="effort-sweep", epochs=100,
+                                  notes="appendix B.1: one run per c in {0, 1e-5, ..., 1e-1} (--effort), 100 epochs"),
+    "periods": _MAIN.replace(name="periods", epochs=300,
+                             notes="appendix B.2: one run per T (--period)"),
+    "other-pair": _MAIN.replace(name="other-pair", q0=(0.0, 0.0), target_angles=(1.5, 1.5), period=1.75,
+                                notes="appendix C: q0 = (0, 0), target FK(1.5, 1.5), T in {1.75, 2.5, 3.0}"),
+    "learn-period": _MAIN.replace(name="learn-period", learn_period=True, epochs=200,
+                                  notes="appendix D: T learned jointly from T = 1.0"),
+    "learn-period-c": _MAIN.replace(name="learn-period-c", learn_period=True, epochs=200, q0=(0.0, 0.0),
+                                    target_angles=(1.5, 1.5),
+                                    notes="appendix D, second pair: q0 = (0, 0), target FK(1.5, 1.5)"),
+    "three-link": _MAIN.replace(name="three-link", system="three_link", masses=(1.0, 1.0, 1.0),
+                                lengths=(0.7, 0.7, 0.6), stiffness=(0.0, 0.5, 0.5), rest=(0.0, 0.5, 0.5),
+                                q0=(-0.4, -0.3, -0.2), target_angles=(0.6, 0.5, 0.4), period=1.8, epochs=300,
+                                notes="beyond the paper: a 3-link arm with elastic joints"),
+    "iiwa": _MAIN.replace(name="iiwa", system="iiwa", joints=("iiwa_joint_2", "iiwa_joint_4"),
+                          ee_link="iiwa_link_ee", stiffness=(0.0, 0.0), rest=(0.0, 0.0), q0=(-0.5, 0.8),
+                          target_angles=None, target_position=(0.6, 0.0, 0.95), period=1.5, epochs=300,
+                          notes="beyond the paper: iiwa joints 2 and 4 (others locked at 0), task-space target"),
+    "tiny": _MAIN.replace(name="tiny", hidden=16, epochs=6, steps_per_epoch=1, grid_points=40, samples=5,
+                          notes="seconds-long smoke run for tests"),
+}
+
+
+def get_config(name: str, **overrides) -> EigenmodeConfig:
+    """A copy of ``CONFIGS[name]`` with ``overrides`` applied."""
+    if name not in CONFIGS:
+        raise KeyError(f"unknown eigenmode config {name!r}; choose from {sorted(CONFIGS)}")
+    return CONFIGS[name].replace(**overrides)
+
+
+def _spring(cfg: EigenmodeConfig) -> list[float]:
+    if cfg.spring_factor not in ("code", "paper"):
+        raise ModelError(f"spring_factor must be 'code' or 'paper', got {cfg.spring_factor!r}")
+    # diffmech's joint spring stores 1/2 k' (q - rest)^2; the code's k (q - rest)^2 is k' = 2 k
+    f = 2.0 if cfg.spring_factor == "code" else 1.0
+    return [f * k for k in cfg.stiffness]
+
+
+def build_robot(cfg: EigenmodeConfig, dtype: torch.dtype | None = None):
+    """The robot of ``cfg`` (a builder of :mod:`diffmech.model.systems` or a URDF)."""
+    from ..model import systems
+
+    dtype = cfg.torch_dtype if dtype is None else dtype
+    if cfg.system == "double_pendulum":
+        return systems.double_pendulum(cfg.masses, cfg.lengths, stiffness=_spring(cfg), rest=cfg.rest,
+                                       bob_radius=0.0, dtype=dtype, gravity=cfg.gravity)
+    if cfg.system == "three_link":
+        return systems.n_link_pendulum(3, masses=cfg.masses, lengths=cfg.lengths, stiffness=_spring(cfg),
+                                       rest=cfg.rest, bob_radius=0.0, dtype=dtype, gravity=cfg.gravity)
+    if cfg.system == "iiwa":
+        try:
+            import diff_robot_data
+        except ImportError as exc:  # pragma: no cover - optional data package
+            raise ModelError("config 'iiwa' needs the package differentiable-robot-model (diff_robot_data)") from exc
+        from .. import load_urdf
+
+        path = os.path.join(list(diff_robot_data.__path__)[0], "kuka_iiwa/urdf/iiwa7.urdf")
+        return load_urdf(path, dtype=dtype)
+    raise ModelError(f"unknown system {cfg.system!r} (double_pendulum, three_link, iiwa)")
+
+
+def build_potential(cfg: EigenmodeConfig, n: int, dtype: torch.dtype | None = None) -> MLPPotential:
+    dtype = cfg.torch_dtype if dtype is None else dtype
+    return MLPPotential(n, hidden=cfg.hidden, depth=cfg.depth, fourier=cfg.fourier, dtype=dtype)
+
+
+def build_system(cfg: EigenmodeConfig, potential=None, dtype: torch.dtype | None = None) -> HamiltonianSystem:
+    """Robot plus (a fresh or the given) control potential, as a :class:`HamiltonianSystem`."""
+    robot = build_robot(cfg, dtype)
+    n = robot.nq if cfg.joints is None else len(cfg.joints)
+    if potential is None:
+        potential = build_potential(cfg, n, dtype)
+    return HamiltonianSystem(robot, potential, joints=cfg.joints, ee_link=cfg.ee_link)

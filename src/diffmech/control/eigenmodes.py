@@ -1,0 +1,267 @@
+"""Learning efficient eigenmodes (Wotte, Dummer, Botteghi, Brune, Stramigioli, Califano 2023).
+
+A control potential ``V_theta`` is trained so that the conservative closed loop ``H + V_theta``,
+started at rest from ``q0``, performs an eigenmode of period ``T`` (periodic, two turning points,
+line-shaped trace) whose other turning point, reached at ``T/2``, puts the end effector on a target,
+with little control effort. The loss (soft-constrained, spec sections 2.3 to 2.5):
+
+``J = w_task ||FK(q(T/2)) - x_d||^2 + beta(epoch) c |T| int_0^1 ||grad V_theta||^2 ds + rho C(x)``,
+``C = l1 max_S ||q(t) - q(T - t)||_1 + l2 max_S ||p(t) + p(T - t)||_1 + l3 ||p(T/2)||^2``,
+
+with ``S`` a fresh random set of grid times in the first half period at every step, the trajectory
+from the fixed-step solver of :mod:`~diffmech.control.flow` on the normalised grid, and ``T`` fixed
+or learned jointly (appendix D).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..errors import DiffmechError, ShapeError
+from .configs import EigenmodeConfig, build_system
+from .flow import Flow, FlowCache, code_grid, effort_integral, hamiltonian_flow
+from .hamiltonian import HamiltonianSystem
+
+__all__ = ["EigenmodeLoss", "eigenmode_loss", "effort_weight", "EigenmodeTrainer", "half_index", "target_point"]
+
+
+def half_index(grid: Tensor) -> int:
+    """Index of ``s = 0.5`` in a symmetric normalised grid."""
+    i = int((grid - 0.5).abs().argmin())
+    if abs(float(grid[i]) - 0.5) > 1e-6:
+        raise ShapeError("the normalised grid must contain s = 0.5")
+    return i
+
+
+def effort_weight(epoch: int, epochs: int, cycles: int = 4, ratio: float = 0.5) -> float:
+    """Cyclical ramp of the effort weight: ``cycles`` times over the run, 0 -> 1 over the first
+    ``ratio`` of each cycle, then 1 (the public code's annealing)."""
+    length = max(epochs / max(cycles, 1), 1e-12)
+    tau = (epoch % length) / length
+    return tau / ratio if tau <= ratio else 1.0
+
+
+def target_point(system: HamiltonianSystem, cfg: EigenmodeConfig) -> Tensor:
+    """Task-space target ``x_d (3,)``: ``target_position`` or ``FK(target_angles)``."""
+    if cfg.target_position is not None:
+        return torch.tensor(cfg.target_position, dtype=system.dtype, device=system.device)
+    if cfg.target_angles is None:
+        raise DiffmechError("config needs target_angles or target_position")
+    qt = torch.tensor(cfg.target_angles, dtype=system.dtype, device=system.device)
+    with torch.no_grad():
+        return system.end_effector(qt)
+
+
+@dataclass
+class EigenmodeLoss:
+    total: Tensor
+    task: Tensor
+    effort: Tensor  # |T| int ||grad V||^2 ds (before the weight c beta)
+    constraint: Tensor
+    c_q: Tensor
+    c_p: Tensor
+    c_half: Tensor
+    ee_error: Tensor  # ||FK(q(T/2)) - x_d||, m
+
+    def scalars(self) -> dict[str, float]:
+        return {k: float(v.detach()) for k, v in self.__dict__.items()}
+
+
+def eigenmode_loss(system: HamiltonianSystem, flow: Flow, period: Tensor, target: Tensor, cfg: EigenmodeConfig,
+                   *, beta: float = 1.0, generator: torch.Generator | None = None) -> EigenmodeLoss:
+    """The soft-constrained loss of one trajectory (see the module docstring)."""
+    n = system.n
+    X = flow.X
+    if X.dim() != 2:
+        raise ShapeError(f"eigenmode_loss: one trajectory expected, got X of shape {tuple(X.shape)}")
+    ih = half_index(flow.grid)
+    N = X.shape[0] - 1
+    q, p = X[:, :n], X[:, n:]
+    err2 = (system.end_effector(q[ih]) - target).square().sum()
+    ee_error = err2.clamp_min(0).sqrt()
+    task = cfg.w_task * (err2 if cfg.task_squared else ee_error)
+    effort = period.abs() * effort_integral(system, flow)
+    idx = torch.randperm(max(ih - 1, 1), generator=generator)[: cfg.samples].to(X.device)
+    pair = N - idx
+    c_q = (q[idx] - q[pair]).abs().sum(-1).max()
+    c_p = (p[idx] + p[pair]).abs().sum(-1).max()
+    c_half = p[ih].square().sum()
+    l1, l2, l3 = cfg.lambdas
+    C = l1 * c_q + l2 * c_p + l3 * c_half
+    total = task + cfg.effort * beta * effort + cfg.rho * C
+    return EigenmodeLoss(total, task, effort, C, c_q, c_p, c_half, ee_error)
+
+
+class EigenmodeTrainer:
+    """Adam on the potential's parameters (and ``T`` when learned), one trajectory per step.
+
+    Args:
+        cfg: the run's configuration.
+        out: folder for ``checkpoint.pt`` and ``history.csv`` (``None``: nothing written).
+    """
+
+    def __init__(self, cfg: EigenmodeConfig, out: str | None = None):
+        self.cfg = cfg
+        self.out = out
+        with torch.random.fork_rng(devices=[]):  # seed the network's initialisation without touching the caller's RNG
+            torch.manual_seed(cfg.seed)
+            self.system = build_system(cfg)
+        self.dtype = cfg.torch_dtype
+        dev = self.system.device
+        self.generator = torch.Generator().manual_seed(cfg.seed + 1)
+        n = self.system.n
+        if len(cfg.q0) != n:
+            raise ShapeError(f"config {cfg.name!r}: q0 has {len(cfg.q0)} values, the system has {n} coordinates")
+        self.q0 = torch.tensor(cfg.q0, dtype=self.dtype, device=dev)
+        self.x0 = torch.cat([self.q0, torch.zeros_like(self.q0)])
+        self.target = target_point(self.system, cfg)
+        T0 = cfg.period_init if cfg.learn_period else cfg.period
+        self.period = torch.nn.Parameter(torch.tensor(float(T0), dtype=self.dtype, device=dev),
+                                         requires_grad=cfg.learn_period)
+        self.grid = code_grid(cfg.grid_points, dtype=self.dtype, device=dev)
+        params = list(self.system.potential.parameters()) + ([self.period] if cfg.learn_period else [])
+        self.optimizer = torch.optim.Adam(params, lr=cfg.lr)
+        self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, gamma=cfg.gamma)
+        self.cache = FlowCache()
+        self.epoch = 0
+        self.history: list[dict] = []
+        self.train_seconds = 0.0
+        self.stopped_early = False
+
+    # ------------------------------------------------------------------ one step
+    def flow(self, *, grad: bool = True) -> Flow:
+        cfg = self.cfg
+        with torch.set_grad_enabled(grad):
+            return hamiltonian_flow(self.system, self.x0, self.period, self.grid, method=cfg.method,
+                                    solver=cfg.solver, adjoint=cfg.adjoint, cache=self.cache)
+
+    def beta(self, epoch: int) -> float:
+        cfg = self.cfg
+        if cfg.effort == 0 or not cfg.effort_anneal:
+            return 1.0
+        return effort_weight(epoch, cfg.epochs, cfg.effort_cycles, cfg.effort_ratio)
+
+    def loss(self, epoch: int) -> EigenmodeLoss:
+        flow = self.flow()
+        return eigenmode_loss(self.system, flow, self.period, self.target, self.cfg, beta=self.beta(epoch),
+                              generator=self.generator)
+
+    def step(self, epoch: int) -> EigenmodeLoss:
+        self.optimizer.zero_grad(set_to_none=True)
+        L = self.loss(epoch)
+        if not bool(torch.isfinite(L.total)):
+            raise DiffmechError(f"eigenmode training ({self.cfg.name}): non-finite loss at epoch {epoch}")
+        L.total.backward()
+        self.optimizer.step()
+        if self.cfg.learn_period:
+            with torch.no_grad():
+                self.period.copy_(self.period.abs().clamp_min(self.cfg.period_min))
+        return L
+
+    # ------------------------------------------------------------------ loop
+    def train(self, *, progress: bool = True, callback: Callable[[EigenmodeTrainer, dict], bool] | None = None,
+              checkpoint_every: float = 30.0) -> list[dict]:
+        """Run the remaining epochs; ``callback(trainer, record)`` returning True stops early.
+
+        Checkpoints (``out/checkpoint.pt``) are written every ``checkpoint_every`` seconds and at the end.
+        """
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        total = cfg.epochs * cfg.steps_per_epoch
+        done = self.epoch * cfg.steps_per_epoch
+        bar = tqdm(total=total, initial=done, desc=f"eigenmode {cfg.name}", unit="step",
+                   disable=not progress or not _isatty(), leave=False)
+        last_ckpt = time.perf_counter()
+        try:
+            while self.epoch < cfg.epochs and not self.stopped_early:
+                for _ in range(cfg.steps_per_epoch):
+                    t0 = time.perf_counter()
+                    L = self.step(self.epoch)
+                    self.train_seconds += time.perf_counter() - t0
+                    rec = {"step": len(self.history), "epoch": self.epoch, **L.scalars(),
+                           "period": float(self.period.detach()), "lr": self.optimizer.param_groups[0]["lr"],
+                           "newton_iterations": self.cache.stats[-1].get("iterations", 0) if self.cache.stats else 0,
+                           "train_seconds": self.train_seconds}
+                    self.history.append(rec)
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{rec['total']:.3g}", ee=f"{rec['ee_error']:.3g}")
+                    stop = cfg.stop_ee is not None and rec["ee_error"] < cfg.stop_ee and (
+                        cfg.stop_p is None or math.sqrt(rec["c_half"]) < cfg.stop_p)
+                    if callback is not None and callback(self, rec):
+                        stop = True
+                    if stop:
+                        self.stopped_early = True
+                        break
+                self.scheduler.step()
+                self.epoch += 1
+                if self.out and time.perf_counter() - last_ckpt > checkpoint_every:
+                    self.save()
+                    last_ckpt = time.perf_counter()
+        finally:
+            bar.close()
+        if self.out:
+            self.save()
+        return self.history
+
+    # ------------------------------------------------------------------ persistence
+    def state_dict(self) -> dict:
+        return {"config": self.cfg.to_dict(), "potential": self.system.potential.state_dict(),
+                "period": float(self.period.detach()), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "epoch": self.epoch, "history": self.history,
+                "train_seconds": self.train_seconds, "generator": self.generator.get_state(),
+                "stopped_early": self.stopped_early}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.system.potential.load_state_dict(state["potential"])
+        with torch.no_grad():
+            self.period.fill_(state["period"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.epoch = int(state["epoch"])
+        self.history = list(state["history"])
+        self.train_seconds = float(state["train_seconds"])
+        self.generator.set_state(state["generator"])
+        self.stopped_early = bool(state.get("stopped_early", False))
+        self.cache.clear()
+
+    def save(self) -> None:
+        os.makedirs(self.out, exist_ok=True)
+        path = os.path.join(self.out, "checkpoint.pt")
+        torch.save(self.state_dict(), path + ".tmp")
+        os.replace(path + ".tmp", path)
+        self.write_history()
+        with open(os.path.join(self.out, "config.json"), "w") as f:
+            json.dump(self.cfg.to_dict(), f, indent=2)
+
+    def write_history(self) -> None:
+        if not self.history:
+            return
+        keys = list(self.history[0])
+        with open(os.path.join(self.out, "history.csv"), "w") as f:
+            f.write(",".join(keys) + "\n")
+            for r in self.history:
+                f.write(",".join(f"{r[k]:.10g}" if isinstance(r[k], float) else str(r[k]) for k in keys) + "\n")
+
+    @classmethod
+    def load(cls, out: str, **overrides) -> EigenmodeTrainer:
+        """The trainer saved in ``out`` (config overrides: e.g. more ``epochs`` to resume further)."""
+        state = torch.load(os.path.join(out, "checkpoint.pt"), weights_only=False)
+        cfg = EigenmodeConfig.from_dict(state["config"]).replace(**overrides)
+        tr = cls(cfg, out)
+        tr.load_state_dict(state)
+        return tr
+
+
+def _isatty() -> bool:
+    import sys
+
+    return sys.stderr.isatty()

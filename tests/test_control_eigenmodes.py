@@ -1,0 +1,110 @@
+"""Eigenmode learning: the loss terms, the effort schedule, checkpoint/resume, and a short
+end-to-end run of the command line on the tiny configuration."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from diffmech.cli import main
+from diffmech.control.configs import CONFIGS, get_config
+from diffmech.control.eigenmodes import EigenmodeTrainer, effort_weight, eigenmode_loss, half_index
+from diffmech.control.flow import code_grid, hamiltonian_flow
+
+
+def test_effort_schedule():
+    # 4 cycles over 100 epochs: ramp 0 -> 1 over 12.5 epochs, then hold 1
+    assert effort_weight(0, 100) == 0.0
+    assert abs(effort_weight(5, 100) - 0.4) < 1e-12
+    assert effort_weight(20, 100) == 1.0
+    assert effort_weight(25, 100) == 0.0
+
+
+def test_code_grid_is_symmetric_with_half_point():
+    g = code_grid(100, dtype=torch.float64)
+    assert g.numel() == 101 and half_index(g) == 50
+    torch.testing.assert_close(g + g.flip(0), torch.ones_like(g))
+
+
+def test_loss_terms_by_hand():
+    cfg = get_config("tiny", dtype="float64", grid_points=20, samples=100)
+    tr = EigenmodeTrainer(cfg)
+    flow = hamiltonian_flow(tr.system, tr.x0, tr.period, tr.grid)
+    L = eigenmode_loss(tr.system, flow, tr.period, tr.target, cfg, beta=0.5, generator=torch.Generator().manual_seed(0))
+    X = flow.X.detach()
+    n, N, ih = 2, X.shape[0] - 1, half_index(flow.grid)
+    q, p = X[:, :n], X[:, n:]
+    # with samples >= ih - 1 every first-half index j <= ih - 2 enters the max-norms
+    idx = torch.arange(ih - 1)
+    c_q = (q[idx] - q[N - idx]).abs().sum(-1).max()
+    c_p = (p[idx] + p[N - idx]).abs().sum(-1).max()
+    c_h = p[ih].square().sum()
+    torch.testing.assert_close(L.c_q.detach(), c_q)
+    torch.testing.assert_close(L.c_p.detach(), c_p)
+    torch.testing.assert_close(L.c_half.detach(), c_h)
+    ee = tr.system.end_effector(q[ih])
+    torch.testing.assert_close(L.task.detach(), 10 * (ee - tr.target).square().sum())
+    expected = L.task + cfg.effort * 0.5 * L.effort + 0.05 * c_q + 0.0005 * c_p + 0.95 * c_h
+    torch.testing.assert_close(L.total.detach(), expected.detach())
+
+
+def test_target_from_angles_is_forward_kinematics():
+    tr = EigenmodeTrainer(get_config("tiny", dtype="float64"))
+    q = (0.75, 0.75)
+    # diffmech's planar convention: tip at (-(sin q1 + sin(q1 + q2)), 0, -(cos q1 + cos(q1 + q2)))
+    expect = torch.tensor([-(math.sin(q[0]) + math.sin(q[0] + q[1])), 0.0,
+                           -(math.cos(q[0]) + math.cos(q[0] + q[1]))], dtype=torch.float64)
+    torch.testing.assert_close(tr.target, expect)
+
+
+def test_learned_period_stays_positive_and_moves():
+    cfg = get_config("tiny", learn_period=True, period_init=1.0, epochs=3)
+    tr = EigenmodeTrainer(cfg)
+    tr.train(progress=False)
+    assert float(tr.period.detach()) > 0 and float(tr.period.detach()) != 1.0
+
+
+def test_cli_learn_resume_report(tmp_path):
+    out = str(tmp_path / "run")
+    assert main(["eigenmode", "learn", "--config", "tiny", "--epochs", "3", "--q0", "-0.5", "-0.5",
+                 "--target-angles", "0.75", "0.75", "--period", "1.5", "--effort", "1e-4", "--out", out,
+                 "--no-plots", "--no-progress"]) == 0
+    with open(os.path.join(out, "metrics.json")) as f:
+        m = json.load(f)
+    for key in ("ee_error_half_period", "periodicity_error", "p_half_norm", "effort", "period", "wall_s"):
+        assert isinstance(m[key], float) and math.isfinite(m[key])
+    assert m["steps"] == 3
+    assert main(["eigenmode", "learn", "--config", "tiny", "--epochs", "5", "--out", out, "--resume",
+                 "--no-plots", "--no-progress"]) == 0
+    with open(os.path.join(out, "metrics.json")) as f:
+        assert json.load(f)["steps"] == 5
+    assert main(["eigenmode", "report", out]) == 0
+    assert os.path.exists(os.path.join(out, "report.md"))
+    assert main(["eigenmode", "report", str(tmp_path / "missing")]) == 1
+
+
+@pytest.mark.slow
+def test_cli_stabilize_and_figures(tmp_path):
+    out = str(tmp_path / "run")
+    assert main(["eigenmode", "learn", "--config", "tiny", "--epochs", "2", "--out", out, "--no-progress"]) == 0
+    assert main(["eigenmode", "stabilize", out, "--gains", "1", "10", "--periods", "0.5", "--grid", "2",
+                 "--monodromy-steps", "41"]) == 0
+    with open(os.path.join(out, "metrics.json")) as f:
+        m = json.load(f)
+    assert len(m["multipliers"]) == 3 and m["max_multiplier"] == max(m["multipliers"])
+    for name in ("mode.png", "potential.png", "control.png", "training.png", "mode.gif", "stabilize.png",
+                 "multipliers.png", "efficiency.png", "stabilize.gif"):
+        assert os.path.getsize(os.path.join(out, name)) > 1000, name
+
+
+def test_all_configs_build():
+    for name in CONFIGS:
+        if name == "iiwa":
+            pytest.importorskip("diff_robot_data")
+        cfg = get_config(name)
+        tr = EigenmodeTrainer(cfg.replace(hidden=4))
+        assert tr.target.shape == (3,)
