@@ -18,9 +18,14 @@ relative difference is recorded).
 
 Usage::
 
-    python benchmarks/bench_policy_rollout.py            # full run (a few minutes), writes JSON + BENCHMARKS.md
+    python benchmarks/bench_policy_rollout.py            # full run (~10 min), writes JSON + BENCHMARKS.md
     python benchmarks/bench_policy_rollout.py --quick    # T = 40, batch 1, writes nothing
     python benchmarks/bench_policy_rollout.py --render benchmarks/results/policy_rollout.json
+    # the recorded comparison: the code before this benchmark's change, then the current code
+    git archive dd898de src | tar -x -C /tmp/before
+    BENCH_THREADS=1 DIFFMECH_SRC=/tmp/before/src python benchmarks/bench_policy_rollout.py --commit dd898de \
+        --json /tmp/before.json --markdown none
+    BENCH_THREADS=1 python benchmarks/bench_policy_rollout.py --before /tmp/before.json
 
 Threads: ``torch.set_num_threads(BENCH_THREADS)`` (default 2; at batch 1 and 10 every operation is tiny
 and on a loaded machine a second thread mostly waits, so the recorded run uses 1).
@@ -160,7 +165,7 @@ def machine() -> dict:
 
 def markdown(report: dict) -> str:
     m = report["machine"]
-    lines = [MARK_START, "",
+    lines = [MARK_START, "## Policy rollouts (gradients through a policy)", "",
              "Forward and backward time of `rollout(..., adjoint=\"checkpoint\")` on the iiwa (`iiwa7.urdf`, float64, "
              f"dt = {DT:g} s, T = {report['T']} steps from a random configuration at rest), loss = sum of squared q "
              "over all states, gradient w.r.t. the initial state and the controls: a torque tensor (T x nv), an MLP "
@@ -180,21 +185,26 @@ def markdown(report: dict) -> str:
     head = "| integrator | batch | controls | forward (s) | backward (s) | backward / forward |"
     sep = "|---|---:|---|---:|---:|---:|"
     if prev:
-        head += " backward before (s) |"
-        sep += "---:|"
+        head += " backward before (s) | forward before (s) |"
+        sep += "---:|---:|"
     lines += [head, sep]
+
+    def cell(c, key):
+        return f"{c[key]:.3f} ({min(c[key.replace('_s', '_all_s')]):.3f})"
+
     for c in report["cells"]:
-        row = (f"| {c['integrator']} | {c['batch']} | {LABEL[c['control']]} | {c['forward_s']:.3f} | "
-               f"{c['backward_s']:.3f} | {c['backward_s'] / c['forward_s']:.2f} |")
+        row = (f"| {c['integrator']} | {c['batch']} | {LABEL[c['control']]} | {cell(c, 'forward_s')} | "
+               f"{cell(c, 'backward_s')} | {c['backward_s'] / c['forward_s']:.2f} |")
         if prev:
             old = next((p for p in prev["cells"] if all(p[k] == c[k] for k in ("integrator", "batch", "control"))),
                        None)
-            row += f" {old['backward_s']:.3f} |" if old else " n/a |"
+            row += f" {cell(old, 'backward_s')} | {cell(old, 'forward_s')} |" if old else " n/a | n/a |"
         lines.append(row)
+    lines += ["", "Each time: the median (the fastest) of the timed runs."]
     if prev:
-        lines += ["", f"*backward before*: the same cells measured at commit {prev['machine']['commit']} "
+        lines += ["", f"*before*: the same cells measured just before at commit {prev['machine']['commit']} "
                       f"({prev['machine']['date']}, load {prev['load_before'][0]:.1f} -> {prev['load_after'][0]:.1f}), "
-                      "before the policy reverse pass batched its step Jacobians over time."]
+                      "where a policy's reverse pass rebuilt each step's graph and differentiated it with autograd."]
     lines += ["", MARK_END]
     return "\n".join(lines)
 
@@ -224,6 +234,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--markdown", default=None, help="markdown file to update (default BENCHMARKS.md); 'none' skips")
     ap.add_argument("--before", default=None, help="a results file of an earlier run to show beside this one")
     ap.add_argument("--render", metavar="JSON", default=None, help="only rewrite the markdown from a results file")
+    ap.add_argument("--commit", default=None, help="commit of the measured code (DIFFMECH_SRC)")
     args = ap.parse_args(argv)
     md_path = args.markdown or ("none" if args.quick else os.path.join(ROOT, "BENCHMARKS.md"))
     if args.render:
@@ -246,7 +257,10 @@ def main(argv: list[str] | None = None) -> dict:
                       f"bwd {c['backward_s']:.3f} s  ratio {c['backward_s'] / c['forward_s']:.2f}  "
                       f"grad diff vs autograd {c['grad_rel_diff_vs_autograd']:.1e}", flush=True)
                 cells.append(c)
-    report = {"machine": machine(), "T": T, "dt": DT, "repeats": repeats, "load_before": load_before,
+    info = machine()
+    if args.commit:
+        info["commit"] = args.commit
+    report = {"machine": info, "T": T, "dt": DT, "repeats": repeats, "load_before": load_before,
               "load_after": os.getloadavg(), "cells": cells}
     if args.before:
         with open(args.before) as f:
