@@ -77,6 +77,7 @@ _RK_DEGREE = {ExplicitEuler: 1, ExplicitMidpoint: 2, RK4: 4}
 
 def _stable_steps(integ: Integrator, A: Tensor, tol: float) -> Tensor:
     """Per state ``(N,)``: the largest stable ``h`` (see :func:`stable_dt`)."""
+    A = A.cpu()  # small dense eigenproblems
     N, n2 = A.shape[0], A.shape[-1]
     n = n2 // 2
     lam = torch.linalg.eigvals(A)  # (N, 2n)
