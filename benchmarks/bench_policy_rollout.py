@@ -178,8 +178,15 @@ def markdown(report: dict) -> str:
              f"Python {m['python']}, commit {m['commit']}, {m['date']}. Load average during the run: "
              f"{report['load_before'][0]:.1f} -> {report['load_after'][0]:.1f}.",
              "",
-             "Command: `python benchmarks/bench_policy_rollout.py`. "
-             "Raw data: `benchmarks/results/policy_rollout.json`.",
+             "Command: `python benchmarks/bench_policy_rollout.py` (the comparison: see its docstring). "
+             "Raw data: `benchmarks/results/policy_rollout.json`. One thread: at batch 1 and 10 every operation is "
+             "tiny, and on this loaded machine a second thread mostly waits (10x slower rollouts were seen with 2); "
+             "with other jobs running, single timings vary by up to 30 %, hence the fastest runs beside the medians.",
+             "",
+             "With a policy, the reverse pass now takes the step Jacobians of many steps from one batched call (as "
+             "for a torque tensor) plus one VJP of the policy per step; the robot's learnable parameters (none here) "
+             "get one batched VJP per chunk of steps. RK4 with a torque tensor gains too: its step Jacobians come "
+             "from autograd through the step on the stored accelerations instead of a rebuilt graph per step.",
              ""]
     prev = report.get("before")
     head = "| integrator | batch | controls | forward (s) | backward (s) | backward / forward |"
