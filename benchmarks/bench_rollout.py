@@ -7,7 +7,7 @@ initial state and the torques, for
 
 * ``checkpoint``: ``diffmech.sim.rollout(..., adjoint="checkpoint")`` (states stored, each
   reverse step recomputed from its state: by hand for these Euler steps, with the step
-  Jacobians batched over time when a step has at most ``TIME_BATCHED_MAX_ROWS`` rows);
+  Jacobians batched over time while ``batch x (nq + nv) x nv <= TIME_BATCHED_MAX_WORK``);
 * ``autograd``: ``diffmech.sim.rollout(..., adjoint="autograd")`` (graph of the whole loop);
 * ``DRM``: differentiable-robot-model's ``compute_forward_dynamics`` in the same semi-implicit
   Euler loop under plain autograd (fixed base only),

@@ -11,8 +11,9 @@ from .integrators import (
     get_integrator,
 )
 from .rollout import ADJOINTS, rollout
+from .stability import stable_dt
 
 __all__ = [
-    "rollout", "ADJOINTS", "INTEGRATORS", "Integrator", "ExplicitEuler", "SemiImplicitEuler", "ExplicitMidpoint",
-    "RK4", "VariationalMidpoint", "get_integrator",
+    "rollout", "ADJOINTS", "stable_dt", "INTEGRATORS", "Integrator", "ExplicitEuler", "SemiImplicitEuler",
+    "ExplicitMidpoint", "RK4", "VariationalMidpoint", "get_integrator",
 ]

@@ -15,18 +15,26 @@ VJP per stage (the implicit-function-theorem gradient of
 solve from the stored next state and differentiates it through :mod:`diffmech.implicit`.
 ``adjoint="autograd"`` backpropagates through the whole loop (the baseline).
 
-The Euler integrators reverse a step by hand when only the state, the controls and the initial
-state need cotangents (no policy, no ``f_ext``, no learnable parameter): no graph is rebuilt
-(``step_vjp_flat`` of the Euler integrators, see :class:`~diffmech.sim.integrators.Integrator`). With few rows per step
-(``batch x (nq + nv)`` up to :data:`TIME_BATCHED_MAX_ROWS`), where a sequential step costs mostly
-per-operation overhead, the recursion is split instead: the step Jacobians depend only on the
-stored states, so those of many steps come from one large batched VJP call, and only one small
-matrix product per step stays sequential.
+Explicit integrators reverse without rebuilding a graph of the dynamics when there is no
+``f_ext``. With small steps (``batch x (nq + nv) x nv`` up to :data:`TIME_BATCHED_MAX_WORK`), where
+a sequential step costs mostly per-operation overhead, the recursion is split: the step
+Jacobians depend only on the stored states, so those of many steps come from one batched call
+(:func:`~diffmech.sim._step_jacobians.step_jacobians`), and only one small matrix product per step
+stays sequential. A policy ``u_k = pi(t_k, x_k)`` adds one VJP of the policy per step
+(``lam_k += (d pi / d x_k)^T (d x_{k+1} / d u_k)^T lam_{k+1}``, its parameters get
+``(d pi / d theta)^T (...)``); the robot's learnable parameters get one batched VJP per chunk of
+steps, once the chunk's adjoints are known. Otherwise the Euler integrators reverse a step by
+hand (``step_vjp_flat``, see :class:`~diffmech.sim.integrators.Integrator`) and the others
+through autograd on the rebuilt step.
+
+Failures are loud (:mod:`diffmech.sim._guards`): non-finite torques are refused up front, states
+and policy outputs are checked in chunks, a divergence is caught by an energy bound before
+anything overflows, and the backward pass checks its cotangents in chunks and names the step and
+the input whose gradient went bad.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 import weakref
@@ -36,14 +44,20 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from ..dynamics._common import RigidInertia, TreeState, tree_state, world_inertia
 from ..dynamics.aba import _lu_apply, forward_dynamics_flat
 from ..dynamics.compiled import CompiledDynamics, compiled
 from ..dynamics.crba import crba_flat
 from ..dynamics.rnea import rnea_flat
-from ..dynamics.rnea_vjp import rnea_state_vjp, rnea_vjp_bl
 from ..errors import OptionError, ShapeError, SimulationError
 from ..robot import RobotModel
+from ._guards import (
+    DEFAULT_MAX_ENERGY_GROWTH,
+    ForwardMonitor,
+    GradCheck,
+    check_initial_state,
+    check_tensor_controls,
+)
+from ._step_jacobians import dynamics_vjp, step_jacobians
 from .compiled_step import CompiledStep
 from .integrators import Integrator, get_integrator
 
@@ -51,8 +65,8 @@ __all__ = ["rollout", "ADJOINTS"]
 
 ADJOINTS = ("checkpoint", "autograd")
 
-# States are checked for non-finite values once per this many steps (one host sync per chunk, not
-# per step); the failing step is then located exactly.
+# States, controls and cotangents are checked once per this many steps (one host sync per chunk,
+# not per step); the failing step is then located exactly.
 _CHECK_EVERY = 32
 
 
@@ -72,6 +86,9 @@ class _Config:
     dyn: CompiledDynamics | None = None  # compiled forward dynamics (``compile=True``)
     mt: tuple = ()  # the model tensors the compiled dynamics read in the forward pass
     cstep: CompiledStep | None = None  # compiled step and step VJP (compile=True, tensor controls)
+    max_energy_growth: float | None = DEFAULT_MAX_ENERGY_GROWTH
+    monitor: ForwardMonitor | None = None
+    param_names: list[str] = field(default_factory=list)  # of the tensors passed to the autograd Function
     extras: dict = field(default_factory=dict)
 
     @property
@@ -103,41 +120,118 @@ def _steps_iter(cfg: _Config, start: int, stop: int, desc: str):
     return tqdm(range(start, stop), desc=desc, total=stop - start, leave=False)
 
 
-def _check_finite(cfg: _Config, qs: Tensor, vs: Tensor, first_state: int) -> None:
-    """Raise :class:`SimulationError` if states ``qs, vs (B, n_states, n)`` hold a non-finite value."""
-    ok = torch.isfinite(qs).all(-1) & torch.isfinite(vs).all(-1)  # (B, n_states)
-    if bool(ok.all()):
-        return
-    bad_state = (~ok).any(0).nonzero()[0, 0].item()
-    bad_b = (~ok[:, bad_state]).nonzero()[0, 0].item()
-    state = first_state + int(bad_state)
-    elem = tuple(int(i) for i in torch.unravel_index(torch.tensor(bad_b), cfg.batch)) if cfg.batch else ()
-    where = f"batch element {elem}" if cfg.batch else "the state"
-    n_bad = int((~ok[:, bad_state]).sum())
-    if state == 0:
-        raise SimulationError(f"rollout: the initial state (q0, v0) is not finite in {where}")
-    raise SimulationError(
-        f"rollout: non-finite state at step {state - 1} (state {state}, t = {state * cfg.dt:.6g} s) in {where} "
-        f"({n_bad} of {cfg.B} batch elements affected); the step is too large for the dynamics, the controls "
-        "are not finite or the model is degenerate"
-    )
+# ----------------------------------------------------------------------------- policies and params=
+_OUTSIDE = (
+    "params= expects the tensors the policy reads (leaf or not: the rollout returns their gradients to autograd, "
+    "which carries them on to whatever they were computed from); an nn.Module policy's parameters and the robot's "
+    "are collected automatically. The checkpointed backward re-evaluates the policy at every step, so it cannot "
+    "backpropagate through a computation made once outside the policy. Fix the policy: compute that tensor inside "
+    "it, or pass the tensor it reads itself in params= (e.g. U = W @ u before the rollout: params=[U], not [W])"
+)
 
 
-def _dynamics_vjp(robot: RobotModel, passive: bool, q: Tensor, v: Tensor, qdd: Tensor, g: Tensor
-                  ) -> tuple[Tensor, Tensor, Tensor]:
-    """VJP of forward dynamics at a known ``qdd``, by hand (no graph; no ``f_ext``, no parameter):
-    ``lam = M^{-1} g`` is the cotangent of ``tau``, and ``q``, ``v`` get the RNEA VJP with ``-lam``.
-    One kinematic pass serves the mass matrix and the VJP. Returns ``(qbar (B, nq), vbar, lam)``."""
-    tree, mt = robot.tree, robot.model_tensors(q.dtype, q.device)
-    ts = tree_state(tree, mt, q)
-    inertia = world_inertia(ts)
-    # LU without error checks (as forward dynamics): a mass matrix is never singular.
-    LU, piv, _ = torch.linalg.lu_factor_ex(crba_flat(tree, mt, q, ts, inertia))
-    lam = _lu_apply(LU, piv, g)
-    gq, gv, _ = rnea_state_vjp(tree, q, v, qdd, -lam, passive, ts, inertia)
-    return gq, gv, lam
+def _grad(outputs, inputs, grad_outputs) -> tuple[Tensor | None, ...]:
+    """``torch.autograd.grad`` whose "graph freed" error (a policy reading a tensor computed outside
+    it) becomes a :class:`SimulationError` that says what to do."""
+    try:
+        return torch.autograd.grad(outputs, inputs, grad_outputs, allow_unused=True)
+    except RuntimeError as e:
+        if "second time" in str(e) or "already been freed" in str(e):
+            raise SimulationError("rollout backward: the policy reads a tensor that requires grad and was computed "
+                                  f"outside it, from tensors passed in params=. {_OUTSIDE}") from e
+        raise
 
 
+def _policy_graph(root, stops: set, known: set[int]) -> tuple[set, list[Tensor]]:
+    """The non-leaf autograd nodes of ``root``'s graph (not walking past ``stops``) and its leaves
+    that require grad whose ids are not in ``known``."""
+    nodes, unknown, seen = set(), [], set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen or node in stops:
+            continue
+        seen.add(node)
+        var = getattr(node, "variable", None)
+        if var is not None:  # AccumulateGrad: a leaf
+            if id(var) not in known:
+                unknown.append(var)
+            continue
+        nodes.add(node)
+        stack.extend(f for f, _ in node.next_functions)
+    return nodes, unknown
+
+
+def _closure_names(policy, nodes: set) -> list[str]:
+    """Names of a plain function's captured tensors whose graph node is in ``nodes``."""
+    code, cells = getattr(policy, "__code__", None), getattr(policy, "__closure__", None) or ()
+    names = []
+    for name, cell in zip(getattr(code, "co_freevars", ()), cells):
+        try:
+            t = cell.cell_contents
+        except ValueError:
+            continue
+        if isinstance(t, Tensor) and t.grad_fn is not None and t.grad_fn in nodes:
+            names.append(name)
+    return names
+
+
+def _probe_policy(cfg: _Config, q0: Tensor, v0: Tensor, params: Sequence[Tensor]) -> None:
+    """Evaluate the policy twice at the initial state with a graph and raise if its output depends on
+    tensors the checkpointed backward cannot differentiate: a graph built outside the policy
+    (nodes that both evaluations share) or a tensor that requires grad but is not in ``params``."""
+    stops = {p.grad_fn for p in params if p.grad_fn is not None}
+    known = {id(p) for p in params if p.grad_fn is None}
+    graphs, keep = [], []
+    with torch.enable_grad():
+        for _ in range(2):
+            q, v = q0.detach().requires_grad_(True), v0.detach().requires_grad_(True)
+            u = _control(cfg, None, 0, q, v)
+            keep.append((q, v, u))  # alive until both graphs are walked: node identity stays meaningful
+            graphs.append(_policy_graph(u.grad_fn, stops, known | {id(q), id(v)}))
+    shared = graphs[0][0] & graphs[1][0]
+    if shared:
+        names = _closure_names(cfg.policy, shared)
+        what = f"'{names[0]}'" if names else "a tensor"
+        raise SimulationError(
+            f"rollout: the policy reads {what} that requires grad and was computed outside it (autograd node "
+            f"{sorted(n.name() for n in shared)[0]}). {_OUTSIDE}")
+    unknown = graphs[0][1]
+    if unknown:
+        shapes = sorted({tuple(t.shape) for t in unknown})
+        raise SimulationError(
+            f"rollout: the policy's output depends on {len(unknown)} tensor(s) that require grad but are not in "
+            f"params= (shapes {shapes}); their gradients would be lost. Pass them in params= (or compute them "
+            "inside an nn.Module policy as parameters), detach them if they are constants, or use "
+            "adjoint='autograd'")
+
+
+def _policy_vjp(cfg: _Config, k: int, q: Tensor, v: Tensor, gu: Tensor, p_need: Sequence[Tensor]
+                ) -> tuple[Tensor, Tensor, Sequence[Tensor | None]]:
+    """``(qbar, vbar, [pbar])`` of the policy's output at step ``k`` from state ``(q, v)`` for its
+    cotangent ``gu (B, nv)``."""
+    with torch.enable_grad():
+        qk, vk = q.detach().requires_grad_(True), v.detach().requires_grad_(True)
+        u = _control(cfg, None, k, qk, vk)
+        if not u.requires_grad:
+            return torch.zeros_like(q), torch.zeros_like(v), [None] * len(p_need)
+        got = _grad(u, [qk, vk, *p_need], gu)
+    return _or_zero(got[0], q), _or_zero(got[1], v), got[2:]
+
+
+def _param_names(robot: RobotModel, policy, extra: Sequence[Tensor]) -> dict[int, str]:
+    names: dict[int, str] = {}
+    for i, p in enumerate(extra):
+        names.setdefault(id(p), f"params[{i}]")
+    if isinstance(policy, nn.Module):
+        for n, p in policy.named_parameters():
+            names.setdefault(id(p), f"policy parameter '{n}'")
+    for n, p in robot.named_parameters():
+        names[id(p)] = f"robot parameter '{n}'"
+    return names
+
+
+# ----------------------------------------------------------------------------- forward
 class _ReplayedDynamics(torch.autograd.Function):
     """Forward dynamics whose value was recorded in the forward pass.
 
@@ -167,7 +261,7 @@ class _ReplayedDynamics(torch.autograd.Function):
         g_p: list[Tensor | None] = [None] * len(params)
         if hand:
             # Cotangents of the state only: the hand-written RNEA VJP (no graph to record and replay).
-            gq, gv, lam = _dynamics_vjp(robot, ctx.passive, q, v, qdd, g)
+            gq, gv, lam = dynamics_vjp(robot, ctx.passive, q, v, qdd, g)
             return (None, None, gq if flags[0] else None, gv if flags[1] else None, lam if needs[4] else None,
                     None, None, *g_p)
         # LU without error checks (as forward dynamics): a mass matrix is never singular.
@@ -230,10 +324,11 @@ class _Tape:
 
 
 def _simulate(cfg: _Config, q0, v0, tau, f_ext, Q, V, start: int, stop: int, check: bool,
-              tape: _Tape | None = None, offset: int = 0, show: bool = True) -> None:
+              tape: _Tape | None = None, offset: int = 0, show: bool = True, U: Tensor | None = None) -> None:
     """Integrate steps ``start..stop-1`` without recording a graph, writing state ``k`` into
-    ``Q, V[:, k - offset]``; with a ``tape``, keep each step's forward-dynamics values at
-    ``tape.A[k - offset]``."""
+    ``Q, V[:, k - offset]`` and a policy's controls of step ``k`` into ``U[:, k - offset]``; with a
+    ``tape``, keep each step's forward-dynamics values at ``tape.A[k - offset]``. With ``check``,
+    ``cfg.monitor`` checks every chunk of steps."""
     robot, integ, dt, passive = cfg.robot, cfg.integ, cfg.dt, cfg.passive
     q, v = q0, v0
     last = start
@@ -241,6 +336,8 @@ def _simulate(cfg: _Config, q0, v0, tau, f_ext, Q, V, start: int, stop: int, che
     accel = tape.record if tape is not None else _plain_accel(cfg)
     for k in _steps_iter(cfg, start, stop, "rollout") if show else range(start, stop):
         u = _control(cfg, tau, k, q, v)
+        if U is not None:
+            U[:, k - offset] = u
         fe = None if f_ext is None else f_ext[:, k]
         if tape is not None:
             tape.seek(k - offset)
@@ -252,7 +349,9 @@ def _simulate(cfg: _Config, q0, v0, tau, f_ext, Q, V, start: int, stop: int, che
         Q[:, k + 1 - offset] = q
         V[:, k + 1 - offset] = v
         if check and (k + 1 - last >= _CHECK_EVERY or k + 1 == stop):
-            _check_finite(cfg, Q[:, last + 1 - offset:k + 2 - offset], V[:, last + 1 - offset:k + 2 - offset], last + 1)
+            us = U[:, last - offset:k + 1 - offset] if cfg.policy is not None else tau[:, last:k + 1]
+            cfg.monitor.check(Q[:, last - offset:k + 2 - offset], V[:, last - offset:k + 2 - offset], us,
+                              None if f_ext is None else f_ext[:, last:k + 1], last + 1, cfg.policy is not None)
             last = k + 1
 
 
@@ -262,6 +361,30 @@ def _plain_accel(cfg: _Config) -> Callable | None:
         return None
     dyn, mt = cfg.dyn, cfg.mt
     return lambda q, v, tau, f_ext: dyn._apply((q, v, tau), mt)
+
+
+# ----------------------------------------------------------------------------- backward
+@dataclass
+class _Grads:
+    """What a reverse pass accumulates besides the adjoint: per-step cotangents of the controls and
+    external forces, and the parameters' (``p``, aligned with the needed parameters) and compiled
+    model tensors' (``mt``) sums. Sums are rebound, never updated in place (so a list copy is a
+    snapshot)."""
+
+    tau: Tensor | None
+    f: Tensor | None
+    p: list
+    mt: list
+
+    def add(self, which: list, j: int, g: Tensor | None) -> None:
+        if g is not None:
+            which[j] = g if which[j] is None else which[j] + g
+
+    def snapshot(self) -> tuple[list, list]:
+        return list(self.p), list(self.mt)
+
+    def restore(self, snap) -> None:
+        self.p[:], self.mt[:] = snap[0], snap[1]
 
 
 class _CheckpointRollout(torch.autograd.Function):
@@ -275,14 +398,15 @@ class _CheckpointRollout(torch.autograd.Function):
         V = v0.new_empty(B, T + 1, robot.nv)
         Q[:, 0] = q0
         V[:, 0] = v0
-        _check_finite(cfg, Q[:, :1], V[:, :1], 0)
         K = cfg.checkpoint_every
         S = cfg.integ.accel_calls
         tape = None
         if cfg.record and K == 1 and S and cfg.cstep is None:
             tape = _Tape(cfg, q0.new_empty(T, S, B, robot.nv))
-        _simulate(cfg, q0, v0, tau, f_ext, Q, V, 0, T, check=True, tape=tape)
+        U = q0.new_empty(B, T, robot.nv) if cfg.policy is not None else None
+        _simulate(cfg, q0, v0, tau, f_ext, Q, V, 0, T, check=True, tape=tape, U=U)
         ctx.accels = tape.A if tape is not None else None
+        ctx.U = U
         if K == 1:
             # The outputs are the stored states: saving them costs no copy.
             ctx.save_for_backward(Q, V, tau, f_ext)
@@ -294,8 +418,12 @@ class _CheckpointRollout(torch.autograd.Function):
             saved = (T // K + 1) * B * (robot.nq + robot.nv) * q0.element_size()
             if tape is not None:
                 saved += tape.A.numel() * tape.A.element_size()
+            if U is not None and cfg.record:
+                saved += U.numel() * U.element_size()
             cfg.stats.update(forward_time=time.perf_counter() - t0, steps=T, checkpoint_every=K,
                              saved_state_bytes=saved)
+            if cfg.monitor.max_ratio is not None:
+                cfg.stats["max_energy_ratio"] = float(cfg.monitor.max_ratio)
         return Q, V
 
     @staticmethod
@@ -311,17 +439,22 @@ class _CheckpointRollout(torch.autograd.Function):
         p_idx = [i for i, p in enumerate(params) if needs[5 + i]]
         p_need = [params[i] for i in p_idx]
         robot, integ, dt, passive, T, K = cfg.robot, cfg.integ, cfg.dt, cfg.passive, cfg.steps, cfg.checkpoint_every
+        nq, nv = robot.nq, robot.nv
+        m = nq + nv  # rows of a step's Jacobian
         B = Qs.shape[0]
+        guard = GradCheck(robot, cfg.batch, dt, [cfg.param_names[i] for i in p_idx])
+        guard.incoming(gQ, gV)
         aq = gQ[:, T].clone()
         av = gV[:, T].clone()
-        g_tau = torch.zeros_like(tau) if need_tau else None
-        g_f = torch.zeros_like(f_ext) if need_f else None
-        g_p: list[Tensor | None] = [None] * len(p_need)
+        grads = _Grads(tau=torch.zeros_like(tau) if need_tau else None, f=torch.zeros_like(f_ext) if need_f else None,
+                       p=[None] * len(p_need), mt=[])
         implicit = integ.implicit
         recomputed = 0
         S = integ.accel_calls
-        model_params = [p for p in params if any(p is r for r in robot.parameters())]
-        mt_leaves, mt_graph, mt_idx, g_mt = None, None, [], []
+        robot_ids = {id(r) for r in robot.parameters()}
+        model_params = [p for p in params if id(p) in robot_ids]
+        robot_p = [j for j, p in enumerate(p_need) if id(p) in robot_ids]  # needed robot parameters (in p_need)
+        mt_leaves, mt_graph, mt_idx = None, None, []
         if cfg.dyn is not None:
             # Compiled steps differentiate the model tensors; one VJP at the end maps their summed
             # cotangents to the parameters (the tensors do not depend on the state).
@@ -329,85 +462,60 @@ class _CheckpointRollout(torch.autograd.Function):
                 mt_graph = tuple(robot.model_tensors(Qs.dtype, Qs.device))
             mt_idx = [i for i, t in enumerate(mt_graph) if t.requires_grad]
             mt_leaves = tuple(t.detach().requires_grad_(i in mt_idx) for i, t in enumerate(mt_graph))
-            g_mt = [None] * len(mt_idx)
+            grads.mt = [None] * len(mt_idx)
         bar = None
         if cfg.progress:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=T, desc="rollout backward", leave=False)
         tape = _Tape(cfg, ctx.accels, model_params, mt_leaves) if ctx.accels is not None else None
-        # Explicit Euler steps of a state-only gradient (tensor controls, no f_ext, no parameter)
-        # reverse by hand: no graph is built per step (the integrators' step_vjp_flat).
-        hand_ok = (integ.hand_vjp and cfg.policy is None and not p_need and not need_f
-                   and f_ext is None and cfg.record)
-        hand_step = hand_ok and cfg.cstep is None and cfg.dyn is None
+        # Explicit steps without f_ext reverse from step Jacobians batched over time (with a policy:
+        # plus one policy VJP per step; robot parameters: one batched VJP per chunk). Compiled
+        # dynamics differentiate model tensors instead of parameters: not with robot parameters.
+        batched_ok = (cfg.record and S > 0 and not implicit and f_ext is None
+                      and not (robot_p and cfg.dyn is not None))
+        time_batched = batched_ok and B * m * nv <= TIME_BATCHED_MAX_WORK
+        # Otherwise the Euler steps reverse by hand when no robot parameter needs a gradient.
+        hand_step = (integ.hand_vjp and cfg.record and f_ext is None and not robot_p and cfg.cstep is None
+                     and cfg.dyn is None)
 
-        m = robot.nq + robot.nv  # rows of a step's Jacobian
-        # Also with compile=True: few rows per step are where the compiled sequential VJP loses.
-        time_batched = hand_ok and B * m <= TIME_BATCHED_MAX_ROWS
+        def dyn_vjp(q, v, qdd, g):
+            return dynamics_vjp(robot, passive, q, v, qdd, g)
 
-        def dynamics_vjp(q, v, qdd, g):
-            return _dynamics_vjp(robot, passive, q, v, qdd, g)
-
-        # Without checkpoint interval every state is stored: one segment (the time-batched reverse's
-        # chunks are then as long as they like); otherwise one segment per checkpoint.
-        seg = max(T, 1) if time_batched and K == 1 else K
-        for s in reversed(range(0, T, seg)):
-            e = min(s + seg, T)
-            if K == 1:
-                Qseg, Vseg, off = Qs, Vs, 0
+        def reverse_step(k: int, aq: Tensor, av: Tensor, seg, check: bool) -> tuple[Tensor, Tensor]:
+            """Reverse step ``k`` (sequential paths): accumulate into ``grads``, return state ``k``'s adjoint."""
+            Qseg, Vseg, Useg, off, tape_ = seg
+            after = (aq, av)
+            qk_, vk_ = Qseg[:, k - off], Vseg[:, k - off]
+            gu = gf = None
+            step_p: list = []
+            if cfg.cstep is not None:
+                # One compiled call per reverse step: the VJP of the whole step.
+                got = cfg.cstep.vjp(qk_, vk_, tau[:, k], mt_leaves, aq, av,
+                                    (True, True, need_tau, *[i in mt_idx for i in range(len(mt_leaves))]))
+                gq, gv, gu = got[0], got[1], got[2]
+                for j, i in enumerate(mt_idx):
+                    grads.add(grads.mt, j, got[3 + i])
+                step_p = [("compiled model tensors", got[3 + i]) for i in mt_idx]
+            elif hand_step:
+                gq, gv, gu = integ.step_vjp_flat(robot, qk_, vk_, tape_.A[k - off], dt, aq, av, dyn_vjp)
+                if cfg.policy is not None:
+                    pq, pv, pg = _policy_vjp(cfg, k, qk_, vk_, gu, p_need)
+                    gq, gv = gq + pq, gv + pv
+                    for j, g in enumerate(pg):
+                        grads.add(grads.p, j, g)
+                    step_p = list(zip(guard.param_names, pg))
             else:
-                # Rebuild the states of this segment from its checkpoint (no graph), keeping the
-                # forward-dynamics values for the reverse steps.
-                Qseg = Qs.new_empty(B, e - s + 1, robot.nq)
-                Vseg = Vs.new_empty(B, e - s + 1, robot.nv)
-                Qseg[:, 0] = Qs[:, s // K]
-                Vseg[:, 0] = Vs[:, s // K]
-                tape = _Tape(cfg, Qs.new_empty(e - s, S, B, robot.nv), model_params, mt_leaves) if S else None
-                with torch.no_grad():
-                    _simulate(cfg, Qseg[:, 0], Vseg[:, 0], tau, f_ext, Qseg, Vseg, s, e, check=False, tape=tape,
-                              offset=s, show=False)
-                recomputed += e - s
-                off = s
-            if time_batched:
-                # Compiled steps record no accelerations: the reverse recomputes them in batches.
-                A = tape.A if tape is not None and cfg.cstep is None else None
-                aq, av = _reverse_time_batched(cfg, integ, Qseg, Vseg, A, tau, off, s, e, aq, av, gQ, gV, g_tau, bar)
-                continue
-            for k in range(e - 1, s - 1, -1):
-                if cfg.cstep is not None:
-                    # One compiled call per reverse step: the VJP of the whole step.
-                    got = cfg.cstep.vjp(Qseg[:, k - off], Vseg[:, k - off], tau[:, k], mt_leaves, aq, av,
-                                        (True, True, need_tau, *[i in mt_idx for i in range(len(mt_leaves))]))
-                    aq = got[0] + gQ[:, k]
-                    av = got[1] + gV[:, k]
-                    if need_tau:
-                        g_tau[:, k] = got[2]
-                    for j, i in enumerate(mt_idx):
-                        g_mt[j] = got[3 + i] if g_mt[j] is None else g_mt[j] + got[3 + i]
-                    if bar is not None:
-                        bar.update(1)
-                    continue
-                if hand_step:
-                    gq, gv, gu = integ.step_vjp_flat(robot, Qseg[:, k - off], Vseg[:, k - off], tape.A[k - off], dt,
-                                                     aq, av, dynamics_vjp)
-                    aq = gq + gQ[:, k]
-                    av = gv + gV[:, k]
-                    if need_tau:
-                        g_tau[:, k] = gu
-                    if bar is not None:
-                        bar.update(1)
-                    continue
                 with torch.enable_grad():
-                    qk = Qseg[:, k - off].detach().requires_grad_(True)
-                    vk = Vseg[:, k - off].detach().requires_grad_(True)
+                    qk = qk_.detach().requires_grad_(True)
+                    vk = vk_.detach().requires_grad_(True)
                     if cfg.policy is None:
                         u = tau[:, k].detach().requires_grad_(need_tau)
                     else:
                         u = _control(cfg, None, k, qk, vk)
                     fe = None if f_ext is None else f_ext[:, k].detach().requires_grad_(need_f)
                     hint = Qseg[:, k + 1 - off] if implicit else None
-                    accel = tape.seek(k - off).replay if tape is not None else None
+                    accel = tape_.seek(k - off).replay if tape_ is not None else None
                     q1, v1 = integ.step_flat(robot, qk, vk, u, dt, fe, passive,
                                              context=f"step {k} (backward)" if implicit else "", hint=hint, accel=accel)
                     inputs = [qk, vk]
@@ -417,151 +525,231 @@ class _CheckpointRollout(torch.autograd.Function):
                         inputs.append(fe)
                     inputs.extend(p_need)
                     inputs.extend(mt_leaves[i] for i in mt_idx)
-                    grads = torch.autograd.grad((q1, v1), inputs, (aq, av), allow_unused=True)
+                    got = _grad((q1, v1), inputs, (aq, av))
                 if mt_idx:
-                    for i, gi in enumerate(grads[len(grads) - len(mt_idx):]):
-                        if gi is not None:
-                            g_mt[i] = gi if g_mt[i] is None else g_mt[i] + gi
-                    grads = grads[: len(grads) - len(mt_idx)]
-                aq = _or_zero(grads[0], qk) + gQ[:, k]
-                av = _or_zero(grads[1], vk) + gV[:, k]
+                    for j, gi in enumerate(got[len(got) - len(mt_idx):]):
+                        grads.add(grads.mt, j, gi)
+                    step_p = [("compiled model tensors", gi) for gi in got[len(got) - len(mt_idx):]]
+                    got = got[: len(got) - len(mt_idx)]
+                gq, gv = _or_zero(got[0], qk), _or_zero(got[1], vk)
                 j = 2
                 if need_tau:
-                    if grads[j] is not None:
-                        g_tau[:, k] = grads[j]
+                    gu = got[j]
                     j += 1
                 if need_f:
-                    if grads[j] is not None:
-                        g_f[:, k] = grads[j]
+                    gf = got[j]
+                    if gf is not None:
+                        grads.f[:, k] = gf
                     j += 1
-                for i, gi in enumerate(grads[j:]):
-                    if gi is not None:
-                        g_p[i] = gi if g_p[i] is None else g_p[i] + gi
-                if bar is not None:
-                    bar.update(1)
+                for i, gi in enumerate(got[j:]):
+                    grads.add(grads.p, i, gi)
+                step_p += list(zip(guard.param_names, got[j:]))
+            if need_tau and gu is not None and cfg.policy is None:
+                grads.tau[:, k] = gu
+            aq = gq + gQ[:, k]
+            av = gv + gV[:, k]
+            if check:
+                u_name = "tau" if cfg.policy is None else "the policy's output"
+                guard.step(k, [("q", aq), ("v", av), (u_name, gu), ("f_ext", gf), *step_p], torch.cat(after, -1))
+            return aq, av
+
+        # Without checkpoint interval every state is stored: one segment (the time-batched reverse's
+        # chunks are then as long as they like); otherwise one segment per checkpoint.
+        seg = max(T, 1) if time_batched and K == 1 else K
+        for s in reversed(range(0, T, seg)):
+            e = min(s + seg, T)
+            if K == 1:
+                Qseg, Vseg, Useg, off = Qs, Vs, ctx.U, 0
+            else:
+                # Rebuild the states of this segment from its checkpoint (no graph), keeping the
+                # forward-dynamics values (and a policy's controls) for the reverse steps.
+                Qseg = Qs.new_empty(B, e - s + 1, nq)
+                Vseg = Vs.new_empty(B, e - s + 1, nv)
+                Useg = Qs.new_empty(B, e - s, nv) if cfg.policy is not None else None
+                Qseg[:, 0] = Qs[:, s // K]
+                Vseg[:, 0] = Vs[:, s // K]
+                tape = _Tape(cfg, Qs.new_empty(e - s, S, B, nv), model_params, mt_leaves) if S else None
+                with torch.no_grad():
+                    _simulate(cfg, Qseg[:, 0], Vseg[:, 0], tau, f_ext, Qseg, Vseg, s, e, check=False, tape=tape,
+                              offset=s, show=False, U=Useg)
+                recomputed += e - s
+                off = s
+            if time_batched:
+                # Compiled steps record no accelerations: the reverse recomputes them in batches.
+                A = tape.A if tape is not None and cfg.cstep is None else None
+                aq, av = _reverse_time_batched(cfg, integ, Qseg, Vseg, A, Useg, tau, off, s, e, aq, av, gQ, gV, grads,
+                                               guard, bar, p_need, robot_p, model_params)
+                continue
+            seg_data = (Qseg, Vseg, Useg, off, tape)
+            for c1 in range(e, s, -_CHECK_EVERY):
+                c0 = max(c1 - _CHECK_EVERY, s)
+                start, snap = (aq, av), grads.snapshot()
+                for k in range(c1 - 1, c0 - 1, -1):
+                    aq, av = reverse_step(k, aq, av, seg_data, False)
+                    if bar is not None:
+                        bar.update(1)
+                if not guard.finite(aq, av, None if grads.tau is None else grads.tau[:, c0:c1],
+                                    None if grads.f is None else grads.f[:, c0:c1], *grads.p, *grads.mt):
+                    grads.restore(snap)
+                    aq, av = start
+                    for k in range(c1 - 1, c0 - 1, -1):
+                        aq, av = reverse_step(k, aq, av, seg_data, True)
+                    raise guard.chunk_failed(c0, c1)
         if bar is not None:
             bar.close()
-        used = [(mt_graph[i], gi) for i, gi in zip(mt_idx, g_mt) if gi is not None]
+        g_p = grads.p
+        used = [(mt_graph[i], gi) for i, gi in zip(mt_idx, grads.mt) if gi is not None]
         if used and p_need:
             with torch.enable_grad():
                 extra = torch.autograd.grad([t for t, _ in used], p_need, [gi for _, gi in used], allow_unused=True)
             for i, gi in enumerate(extra):
-                if gi is not None:
-                    g_p[i] = gi if g_p[i] is None else g_p[i] + gi
+                grads.add(g_p, i, gi)
         out_p: list[Tensor | None] = [None] * len(params)
         for i, gi in zip(p_idx, g_p):
             out_p[i] = gi if gi is not None else torch.zeros_like(params[i])
+        if not guard.finite(*g_p):
+            bad = [name for name, g in zip(guard.param_names, g_p) if g is not None and not guard.finite(g)]
+            raise SimulationError(f"rollout backward: the gradient w.r.t. {', '.join(bad)} is not finite (mapped from "
+                                  "the compiled model tensors' finite gradients)")
         if cfg.stats is not None:
             cfg.stats.update(backward_time=time.perf_counter() - t0, recomputed_steps=recomputed)
-        return (None, aq if needs[1] else None, av if needs[2] else None, g_tau, g_f, *out_p)
+        return (None, aq if needs[1] else None, av if needs[2] else None, grads.tau, grads.f, *out_p)
 
 
-# The time-batched reverse (below) pays when a step's sequential VJP is dominated by per-operation
-# overhead, i.e. while a step has few rows, batch x (nq + nv). Measured backward ms per step,
-# sequential -> time-batched (2 threads, semi-implicit Euler, float64, 4 MiB chunks): iiwa x1 (14
-# rows) 1.34 -> 0.17, x10 (140) 1.69 -> 1.22, x32 (448) 2.12 -> 4.37; laikago x1 (37) 2.39 -> 0.85,
-# x4 (148) 2.79 -> 3.45.
-TIME_BATCHED_MAX_ROWS = 100
+# The time-batched reverse (below) pays while a step's sequential VJP is dominated by per-operation
+# overhead; its own cost per step grows with batch x (nq + nv) rows times the nv unit cotangents of
+# the dynamics Jacobians. Measured backward time, sequential -> time-batched (semi-implicit Euler,
+# float64; 2 threads for the torque rows, 1 thread for the rest; the value of the criterion in
+# brackets): ms per step, torques: iiwa x1 (98) 1.34 -> 0.17, x10 (980) 1.69 -> 1.22, x32 (3136) 2.12 ->
+# 4.37; laikago x1 (666) 2.39 -> 0.85, x2 (1332) 5.8 -> 3.5, x4 (2664) 2.79 -> 3.45 (2 threads), 6.0 ->
+# 6.6 (1 thread); s per 100 steps with an MLP policy: iiwa x10 0.85 -> 0.50 (rk4 1.89 -> 1.35), iiwa x32
+# 0.89 -> 1.62.
+TIME_BATCHED_MAX_WORK = 2000  # batch x (nq + nv) x nv
 # States per chunk of the time-batched reverse: its workspace (the RNEA VJP of nv unit cotangents
 # per state) is about nv x n_bodies x 2 KiB per state; this bounds it to a few MiB.
 _TIME_BATCHED_CHUNK_BYTES = 4 << 20
 
 
-def _dynamics_jacobians(robot: RobotModel, passive: bool, q: Tensor, v: Tensor, qdd: Tensor
-                        ) -> tuple[Tensor, Tensor]:
-    """Per-state Jacobians of forward dynamics at known ``qdd``, for ``q (N, nq), v, qdd (N, nv)``.
+def _robot_param_vjp(cfg: _Config, integ: Integrator, q: Tensor, v: Tensor, u: Tensor, acc: Tensor | None,
+                     lam: Tensor, wanted: Sequence[Tensor], model_params: Sequence[Tensor]) -> Sequence[Tensor | None]:
+    """Cotangents of the robot parameters ``wanted`` through the dynamics of steps at ``N`` states
+    ``q (N, nq), v, u (N, nv)`` for the adjoints ``lam (N, nq + nv)`` of their next states, in one
+    batched VJP (the recorded accelerations ``acc (accel_calls, N, nv)`` replayed, or recomputed)."""
+    robot, passive, nq = cfg.robot, cfg.passive, cfg.robot.nq
+    stage = [0]
 
-    Returns ``Minv (N, nv, nv)`` (``d qdd / d tau``) and ``JR (N, nv, nq + nv)``, the Jacobian of
-    RNEA w.r.t. ``(q, v)`` at fixed acceleration (``d qdd / d(q, v) = -Minv JR``), the latter from the
-    hand-written RNEA VJP of the ``nv`` unit cotangents of every state in one batched call.
-    """
-    N, nq, nv = q.shape[0], robot.nq, robot.nv
-    tree, mt = robot.tree, robot.model_tensors(q.dtype, q.device)
-    ts = tree_state(tree, mt, q)
-    inertia = world_inertia(ts)
-    LU, piv, _ = torch.linalg.lu_factor_ex(crba_flat(tree, mt, q, ts, inertia))
-    eye = torch.eye(nv, dtype=q.dtype, device=q.device)
-    Minv = torch.linalg.lu_solve(LU, piv, eye.expand(N, nv, nv))
-    # nv copies of every state, batch-last: row i * N + j is unit cotangent i at state j.
-    rep = _repeat_last(nv)
-    ts_r = TreeState(R=rep(ts.R), p=rep(ts.p), S=rep(ts.S), mt=ts.mt)
-    in_r = RigidInertia(m=inertia.m, h=rep(inertia.h), I=rep(inertia.I),
-                        full=None if inertia.full is None else rep(inertia.full))
-    lam = eye.repeat_interleave(N, dim=1)  # (nv, nv * N)
-    qbar, vbar, _, _ = rnea_vjp_bl(tree, ts_r, rep(q.T), rep(v.T), rep(qdd.T), lam, passive, in_r)
-    JR = torch.cat([qbar, vbar]).reshape(nq + nv, nv, N).permute(2, 1, 0)
-    return Minv, JR
+    def accel(qs, vs, taus, fe):
+        i = stage[0]
+        stage[0] += 1
+        if acc is not None:
+            a = acc[i]
+        else:
+            with torch.no_grad():
+                a = forward_dynamics_flat(robot.tree, robot.model_tensors(q.dtype, q.device), qs.detach(), vs.detach(),
+                                          taus.detach(), None, passive, "auto", False)
+        return _ReplayedDynamics.apply(robot, passive, qs, vs, taus, None, a, *model_params)
 
-
-def _repeat_last(k: int) -> Callable[[Tensor], Tensor]:
-    return lambda t: t.repeat(*([1] * (t.dim() - 1)), k)
-
-
-def _rows(t: Tensor, m: int) -> Tensor:
-    """``t (N, ...)`` repeated as ``m`` consecutive blocks: ``(m * N, ...)``."""
-    return t[None].expand(m, *t.shape).reshape(m * t.shape[0], *t.shape[1:])
-
-
-def _vjp_from_jacobians(Minv: Tensor, JR: Tensor, q: Tensor, v: Tensor, qdd: Tensor, g: Tensor
-                        ) -> tuple[Tensor, Tensor, Tensor]:
-    """The forward-dynamics VJP of :func:`_dynamics_vjp` from per-state Jacobians ``Minv (N, nv, nv)``,
-    ``JR (N, nv, nq + nv)``, for ``g (m * N, nv)``: block ``i`` of the rows at the ``N`` states."""
-    N, nv = Minv.shape[0], Minv.shape[1]
-    nq = JR.shape[-1] - nv
-    lam = (Minv @ g.reshape(-1, N, nv, 1))[..., 0]
-    out = -(lam[..., None, :] @ JR)[..., 0, :]
-    return out[..., :nq].reshape(-1, nq), out[..., nq:].reshape(-1, nv), lam.reshape(-1, nv)
+    with torch.enable_grad():
+        q1, v1 = integ.step_flat(robot, q, v, u, cfg.dt, None, passive, accel=accel)
+        outs = [(o, g) for o, g in ((q1, lam[:, :nq]), (v1, lam[:, nq:])) if o.requires_grad]
+        if not outs:
+            return [None] * len(wanted)
+        return torch.autograd.grad([o for o, _ in outs], list(wanted), [g for _, g in outs], allow_unused=True)
 
 
 def _reverse_time_batched(cfg: _Config, integ: Integrator, Qseg: Tensor, Vseg: Tensor, A: Tensor | None,
-                          tau: Tensor, off: int,
-                          s: int, e: int, aq: Tensor, av: Tensor, gQ: Tensor, gV: Tensor, g_tau: Tensor | None,
-                          bar) -> tuple[Tensor, Tensor]:
-    """Reverse steps ``e-1 .. s`` of a hand-differentiable explicit integrator, parallel in time.
+                          Useg: Tensor | None, tau: Tensor | None, off: int, s: int, e: int, aq: Tensor, av: Tensor,
+                          gQ: Tensor, gV: Tensor, grads: _Grads, guard: GradCheck, bar, p_need: Sequence[Tensor] = (),
+                          robot_p: Sequence[int] = (), model_params: Sequence[Tensor] = ()) -> tuple[Tensor, Tensor]:
+    """Reverse steps ``e-1 .. s`` of an explicit integrator without ``f_ext``, parallel in time.
 
-    The adjoint recursion ``(qbar, vbar, taubar)_k = J_k^T (qbar, vbar)_{k+1}`` is linear, and the
-    step Jacobians ``J_k`` depend only on the stored states. For a chunk of steps, the forward
-    dynamics Jacobians of all its states come from one batched call (:func:`_dynamics_jacobians`);
-    the step's VJP is then applied to the ``nq + nv`` unit cotangents of every step at once with
-    those matrices standing in for the dynamics, which gives ``J_k^T``; only one small matrix
-    product per step remains sequential. ``A`` holds the recorded accelerations (``None``: recompute
-    them, one batched call per chunk). Returns the cotangents of state ``s``.
+    The adjoint recursion ``(qbar, vbar, ubar)_k = J_k^T (qbar, vbar)_{k+1}`` is linear, and the
+    step Jacobians ``J_k`` depend only on the stored states. For a chunk of steps they come from one
+    batched call (:func:`~diffmech.sim._step_jacobians.step_jacobians`); per step only one small
+    matrix product stays sequential, plus, with a policy, one VJP of the policy at the step's state
+    (its output's cotangent ``ubar`` goes to the state and the policy's parameters). Once a chunk's
+    adjoints are known, the robot parameters among ``p_need`` (indices ``robot_p``) get one batched
+    VJP of the chunk's dynamics. ``A`` holds the recorded accelerations (``None``: recompute them,
+    in batches). Every chunk is checked for non-finite cotangents (and replayed step by step to
+    name the culprit). Returns the cotangents of state ``s``.
     """
     robot, dt, passive = cfg.robot, cfg.dt, cfg.passive
     nq, nv = robot.nq, robot.nv
     m = nq + nv
     B = Qseg.shape[0]
-    eye = torch.eye(m, dtype=Qseg.dtype, device=Qseg.device)
-    per_state = 2048 * nv * robot.nb + 8 * m * (m + nv)
+    policy = cfg.policy is not None
+    per_state = (2048 * nv * robot.nb + 8 * m * (m + nv)) * (1 if integ.hand_vjp else 2)
     chunk = max(1, _TIME_BATCHED_CHUNK_BYTES // (per_state * B))
+    wanted = [p_need[j] for j in robot_p]
+
+    def flat(t: Tensor, c0: int, c1: int, o: int) -> Tensor:
+        return t[:, c0 - o:c1 - o].transpose(0, 1).reshape((c1 - c0) * B, t.shape[-1])
+
     for c0 in reversed(range(s, e, chunk)):
         c1 = min(c0 + chunk, e)
         N = (c1 - c0) * B
-        q = Qseg[:, c0 - off:c1 - off].transpose(0, 1).reshape(N, nq)
-        v = Vseg[:, c0 - off:c1 - off].transpose(0, 1).reshape(N, nv)
-        if A is not None:
-            acc = A[c0 - off:c1 - off].transpose(0, 1).reshape(A.shape[1], N, nv)
-        else:  # the Euler integrators evaluate the dynamics once, at the step's own state
-            u = tau[:, c0:c1].transpose(0, 1).reshape(N, nv)
-            with torch.no_grad():
-                acc = forward_dynamics_flat(robot.tree, robot.model_tensors(q.dtype, q.device), q, v, u, None, passive,
-                                            "auto", False)[None]
-        dynamics_vjp = functools.partial(_vjp_from_jacobians, *_dynamics_jacobians(robot, passive, q, v, acc[0]))
-        basis = eye[:, None].expand(m, N, m).reshape(-1, m)
-        gq, gv, gu = integ.step_vjp_flat(robot, _rows(q, m), _rows(v, m), _rows(acc.transpose(0, 1), m).transpose(0, 1),
-                                         dt, basis[:, :nq], basis[:, nq:], dynamics_vjp)
-        # J^T rows: (steps, B, m outputs, nq + 2 nv inputs)
-        Jt = torch.cat([gq, gv, gu], dim=-1).reshape(m, c1 - c0, B, -1).permute(1, 2, 0, 3)
-        for k in range(c1 - 1, c0 - 1, -1):
-            lam = torch.cat([aq, av], dim=-1)[:, None]  # (B, 1, m)
-            out = (lam @ Jt[k - c0])[:, 0]
-            aq = out[:, :nq] + gQ[:, k]
-            av = out[:, nq:m] + gV[:, k]
-            if g_tau is not None:
-                g_tau[:, k] = out[:, m:]
+        q, v = flat(Qseg, c0, c1, off), flat(Vseg, c0, c1, off)
+        u = flat(Useg, c0, c1, off) if policy else flat(tau, c0, c1, 0)
+        acc = A[c0 - off:c1 - off].transpose(0, 1).reshape(A.shape[1], N, nv) if A is not None else None
+        Jt = step_jacobians(robot, integ, passive, dt, q, v, u, acc).reshape(c1 - c0, B, m, -1)
+
+        chunk_data = (c0, c1, off, Jt, Qseg, Vseg, q, v, u, acc)
+        start, snap = (aq, av), grads.snapshot()
+        aq, av, lams = _reverse_chunk(cfg, integ, chunk_data, aq, av, gQ, gV, grads, guard, p_need, robot_p,
+                                      model_params, False)
+        if wanted:
+            # lams[i] is the adjoint of the state after step c1 - 1 - i: reorder to the rows of q.
+            lam = torch.stack(lams[::-1]).reshape(N, m)
+            for j, g in zip(robot_p, _robot_param_vjp(cfg, integ, q, v, u, acc, lam, wanted, model_params)):
+                grads.add(grads.p, j, g)
+        if not guard.finite(aq, av, None if grads.tau is None else grads.tau[:, c0:c1], *grads.p):
+            grads.restore(snap)
+            _reverse_chunk(cfg, integ, chunk_data, *start, gQ, gV, grads, guard, p_need, robot_p, model_params, True)
+            raise guard.chunk_failed(c0, c1)
         if bar is not None:
             bar.update(c1 - c0)
     return aq, av
+
+
+def _reverse_chunk(cfg: _Config, integ: Integrator, chunk_data: tuple, aq: Tensor, av: Tensor, gQ: Tensor, gV: Tensor,
+                   grads: _Grads, guard: GradCheck, p_need: Sequence[Tensor], robot_p: Sequence[int],
+                   model_params: Sequence[Tensor], check: bool) -> tuple[Tensor, Tensor, list[Tensor]]:
+    """The sequential part of :func:`_reverse_time_batched` for one chunk of steps ``c1-1 .. c0``
+    with their transposed step Jacobians ``Jt (c1 - c0, B, m, m + nv)``. Returns the adjoint of state
+    ``c0`` and the adjoints ``lam (B, m)`` of the states after each step, last step first. With
+    ``check``, every step's cotangents are checked (and the robot parameters' share is computed
+    per step for that)."""
+    c0, c1, off, Jt, Qseg, Vseg, q, v, u, acc = chunk_data
+    nq = cfg.robot.nq
+    m = nq + cfg.robot.nv
+    B = Qseg.shape[0]
+    policy = cfg.policy is not None
+    wanted = [p_need[j] for j in robot_p]
+    lams = []
+    for k in range(c1 - 1, c0 - 1, -1):
+        lam = torch.cat([aq, av], dim=-1)
+        lams.append(lam)
+        out = (lam[:, None] @ Jt[k - c0])[:, 0]
+        gq, gv, gu = out[:, :nq], out[:, nq:m], out[:, m:]
+        step_p: list = []
+        if policy:
+            pq, pv, pg = _policy_vjp(cfg, k, Qseg[:, k - off], Vseg[:, k - off], gu, p_need)
+            gq, gv = gq + pq, gv + pv
+            for j, g in enumerate(pg):
+                grads.add(grads.p, j, g)
+            step_p = list(zip(guard.param_names, pg))
+        elif grads.tau is not None:
+            grads.tau[:, k] = gu
+        aq = gq + gQ[:, k]
+        av = gv + gV[:, k]
+        if check:
+            if wanted:  # the robot parameters' share of this single step
+                i = slice((k - c0) * B, (k - c0 + 1) * B)
+                got = _robot_param_vjp(cfg, integ, q[i], v[i], u[i], None if acc is None else acc[:, i], lam, wanted,
+                                       model_params)
+                step_p += [(guard.param_names[j], g) for j, g in zip(robot_p, got)]
+            guard.step(k, [("q", aq), ("v", av), ("the policy's output" if policy else "tau", gu), *step_p], lam)
+    return aq, av, lams
 
 
 def _or_zero(g: Tensor | None, like: Tensor) -> Tensor:
@@ -571,26 +759,29 @@ def _or_zero(g: Tensor | None, like: Tensor) -> Tensor:
 def _autograd_rollout(cfg: _Config, q0, v0, tau, f_ext) -> tuple[Tensor, Tensor]:
     t0 = time.perf_counter()
     robot, integ, dt, passive = cfg.robot, cfg.integ, cfg.dt, cfg.passive
-    with torch.no_grad():
-        _check_finite(cfg, q0[:, None], v0[:, None], 0)
-    qs, vs = [q0], [v0]
+    qs, vs, us = [q0], [v0], []
     q, v = q0, v0
     last = 0
     implicit = integ.implicit
     accel = _plain_accel(cfg)
     for k in _steps_iter(cfg, 0, cfg.steps, "rollout (autograd)"):
         u = _control(cfg, tau, k, q, v)
+        us.append(u.detach())
         fe = None if f_ext is None else f_ext[:, k]
         q, v = integ.step_flat(robot, q, v, u, dt, fe, passive, context=f"step {k}" if implicit else "", accel=accel)
         qs.append(q)
         vs.append(v)
         if k + 1 - last >= _CHECK_EVERY or k + 1 == cfg.steps:
             with torch.no_grad():
-                _check_finite(cfg, torch.stack(qs[last + 1:], 1), torch.stack(vs[last + 1:], 1), last + 1)
+                cfg.monitor.check(torch.stack(qs[last:], 1).detach(), torch.stack(vs[last:], 1).detach(),
+                                  torch.stack(us[last:], 1), None if f_ext is None else f_ext[:, last:k + 1].detach(),
+                                  last + 1, cfg.policy is not None)
             last = k + 1
     Q, V = torch.stack(qs, 1), torch.stack(vs, 1)
     if cfg.stats is not None:
         cfg.stats.update(forward_time=time.perf_counter() - t0, steps=cfg.steps, checkpoint_every=None)
+        if cfg.monitor.max_ratio is not None:
+            cfg.stats["max_energy_ratio"] = float(cfg.monitor.max_ratio)
     return Q, V
 
 
@@ -618,6 +809,7 @@ def rollout(
     passive: bool = True,
     params: Sequence[Tensor] | None = None,
     steps: int | None = None,
+    max_energy_growth: float | None = DEFAULT_MAX_ENERGY_GROWTH,
     progress: bool = False,
     stats: dict | None = None,
     compile: bool | CompiledDynamics = False,
@@ -632,8 +824,10 @@ def rollout(
             batch dims), or a policy ``tau = f(t, q, v)`` called once per step with the time
             ``t = k dt`` (float, s), ``q (..., nq)`` and ``v (..., nv)`` (the rollout's batch
             shape) and returning ``(..., nv)``; an ``nn.Module`` policy's trainable parameters
-            receive gradients (pass those of a plain function's closure in ``params``).
-        dt: step, s.
+            receive gradients (pass those of a plain function's closure in ``params``). The
+            checkpointed backward evaluates the policy again at every stored state, so it must
+            be deterministic and compute from its inputs, its parameters and ``params``.
+        dt: step, s. :func:`diffmech.sim.stable_dt` suggests one.
         integrator: a name of :data:`diffmech.sim.INTEGRATORS` (``"semi_implicit_euler"``,
             ``"euler"``, ``"midpoint"``, ``"rk4"``, ``"variational_midpoint"``) or an
             :class:`~diffmech.sim.Integrator` instance.
@@ -643,14 +837,27 @@ def rollout(
             backward pass and recompute the states in between (one extra forward step per step):
             the saved states shrink ``k``-fold once the returned trajectory is released (with
             ``k = 1`` the saved states are the returned trajectory itself, plus the recorded
-            accelerations).
+            accelerations and a policy's controls).
         f_ext: optional (..., T, n_links, 6) link forces; torques per step (world-aligned axes,
             torque about the link origin).
         passive: include joint damping and springs.
         params: extra tensors that the policy (or anything the steps read) uses without being
             an ``nn.Module`` parameter visible here; they receive gradients. The robot's
             trainable parameters and an ``nn.Module`` policy's are collected automatically.
+            List the tensors the policy reads, leaf or not (their gradients flow on to what they
+            were computed from): a policy that reads ``U = W @ u`` computed before the rollout
+            needs ``params=[U]``. With ``adjoint="checkpoint"`` the policy is probed once at the
+            initial state, and a dependence that the backward pass could not differentiate (a
+            tensor that requires grad but is missing from ``params``, or a graph built outside
+            the policy) raises :class:`~diffmech.errors.SimulationError` before any step runs.
         steps: number of steps ``T``; required with a policy, checked against ``tau`` otherwise.
+        max_energy_growth: divergence check. Without damping the kinetic energy cannot exceed the
+            initial kinetic energy plus the work done on the system; the rollout raises
+            :class:`~diffmech.errors.SimulationError` (naming the step, the batch element, the
+            energy and the fastest joint, and suggesting a ``dt``) when it exceeds that by this
+            factor (see :mod:`diffmech.sim._guards`; checked in chunks of 32 steps, two batched
+            kinematic passes per chunk). A sane integration stays near 1 (``stats`` records the
+            largest ratio); ``None`` turns the check off.
         progress: show a progress bar (tqdm).
         compile: evaluate the forward dynamics and their VJP with
             :func:`diffmech.dynamics.compiled` (``torch.compile``; explicit integrators, no
@@ -659,7 +866,8 @@ def rollout(
             The compiled function is kept per robot; pass a :class:`~diffmech.dynamics.CompiledDynamics`
             to choose its options.
         stats: optional dict filled with ``forward_time`` (s), ``steps``, ``checkpoint_every``,
-            ``saved_state_bytes`` and, after ``backward()``, ``backward_time`` (s) and
+            ``saved_state_bytes``, ``max_energy_ratio`` (the largest ratio of the divergence
+            check, with the check on) and, after ``backward()``, ``backward_time`` (s) and
             ``recomputed_steps`` (checkpoint mode) -- for benchmarks.
 
     Returns:
@@ -667,9 +875,13 @@ def rollout(
         the batch shape broadcasts those of ``q0``, ``v0``, ``tau`` and ``f_ext``.
 
     Raises:
-        SimulationError: a state became non-finite (names the step and the batch element).
+        SimulationError: a non-finite initial state, torque, external force or policy output, a
+            state that became non-finite or diverged (each names the step and the batch element);
+            a policy the checkpointed backward cannot differentiate; in the backward pass, a
+            non-finite gradient (names the step and the input: ``q``, ``v``, ``tau``, a parameter).
         ConvergenceError: an implicit step did not converge (names the step and its residual).
         ShapeError: inconsistent shapes, dtypes or options.
+        OptionError: an unknown adjoint or integrator, or a bad ``max_energy_growth``.
     """
     integ = get_integrator(integrator)
     integ.check_robot(robot)
@@ -677,6 +889,9 @@ def rollout(
         raise OptionError(f"rollout: unknown adjoint {adjoint!r}; choose from {ADJOINTS}")
     if not isinstance(checkpoint_every, int) or isinstance(checkpoint_every, bool) or checkpoint_every < 1:
         raise ShapeError(f"rollout: checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
+    if max_energy_growth is not None and not (isinstance(max_energy_growth, (int, float))
+                                              and math.isfinite(max_energy_growth) and max_energy_growth > 0):
+        raise OptionError(f"rollout: max_energy_growth must be a positive number or None, got {max_energy_growth!r}")
     dt = float(dt)
     if not (dt > 0 and math.isfinite(dt)):
         raise ShapeError(f"rollout: dt must be a positive finite number, got {dt}")
@@ -734,9 +949,15 @@ def rollout(
     v0f = v0.expand(*batch, robot.nv).reshape(B, robot.nv)
     tauf = tau.expand(*batch, T, robot.nv).reshape(B, T, robot.nv) if policy is None else None
     fef = f_ext.expand(*batch, T, robot.n_links, 6).reshape(B, T, robot.n_links, 6) if f_ext is not None else None
+    with torch.no_grad():
+        check_initial_state(batch, q0f, v0f)
+        check_tensor_controls(robot, batch, dt, tauf, fef)
 
     cfg = _Config(robot=robot, integ=integ, dt=dt, steps=T, passive=bool(passive), batch=batch, policy=policy,
-                  checkpoint_every=checkpoint_every, progress=progress, stats=stats)
+                  checkpoint_every=checkpoint_every, progress=progress, stats=stats,
+                  max_energy_growth=None if max_energy_growth is None else float(max_energy_growth))
+    cfg.monitor = ForwardMonitor(robot, integ, dt, bool(passive), batch, q0f.detach(), v0f.detach(),
+                                 cfg.max_energy_growth)
     if compile is not False:
         cfg.dyn = _compiled_dynamics(robot, integ, compile, bool(passive), f_ext)
         if adjoint == "checkpoint" and policy is None:
@@ -754,10 +975,14 @@ def rollout(
                 raise ShapeError(f"rollout: params[{i}] must be a tensor, got {type(p).__name__}")
         pol_params = list(policy.parameters()) if isinstance(policy, nn.Module) else []
         all_params = _unique_trainable([*robot.parameters(), *pol_params, *extra])
+        if policy is not None and T > 0 and torch.is_grad_enabled():
+            _probe_policy(cfg, q0f, v0f, all_params)
         differentiable = torch.is_grad_enabled() and (
             bool(all_params) or any(t is not None and t.requires_grad for t in (q0f, v0f, tauf, fef))
         )
         if differentiable:
+            names = _param_names(robot, policy, extra)
+            cfg.param_names = [names.get(id(p), f"a parameter of shape {tuple(p.shape)}") for p in all_params]
             # Recorded accelerations feed the hand-written reverse steps, which work in joint space:
             # with mimic joints the steps are replayed under autograd instead.
             cfg.record = robot.tree.coords is None
