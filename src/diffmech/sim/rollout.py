@@ -307,7 +307,7 @@ class _Tape:
 
     def record(self, q, v, tau, f_ext):
         if self.dyn is not None:
-            a = self.dyn._evaluate((q, v, tau), self.mt)
+            a = self.dyn._evaluate(_dyn_args(self.dyn, q, v, tau, f_ext), self.mt)
         else:
             a = forward_dynamics_flat(self.robot.tree, self.robot.model_tensors(q.dtype, q.device), q, v, tau, f_ext,
                                       self.passive, "auto", True)
@@ -319,7 +319,7 @@ class _Tape:
         a = self.A[self.k, self.s]
         self.s += 1
         if self.dyn is not None:
-            return self.dyn._apply((q, v, tau), self.mt, value=a)
+            return self.dyn._apply(_dyn_args(self.dyn, q, v, tau, f_ext), self.mt, value=a)
         return _ReplayedDynamics.apply(self.robot, self.passive, q, v, tau, f_ext, a, *self.params)
 
 
@@ -360,7 +360,16 @@ def _plain_accel(cfg: _Config) -> Callable | None:
     if cfg.dyn is None:
         return None
     dyn, mt = cfg.dyn, cfg.mt
-    return lambda q, v, tau, f_ext: dyn._apply((q, v, tau), mt)
+    return lambda q, v, tau, f_ext: dyn._apply(_dyn_args(dyn, q, v, tau, f_ext), mt)
+
+
+def _dyn_args(dyn: CompiledDynamics, q: Tensor, v: Tensor, tau: Tensor, f_ext: Tensor | None) -> tuple[Tensor, ...]:
+    """The flat arguments of compiled forward dynamics: ``f_ext (B, n_links, 6)`` as ``(B, 6 n_links)``."""
+    if not dyn.f_ext:
+        return q, v, tau
+    if f_ext is None:
+        f_ext = q.new_zeros(q.shape[0], dyn.model.n_links, 6)
+    return q, v, tau, f_ext.reshape(f_ext.shape[0], -1)
 
 
 # ----------------------------------------------------------------------------- backward
@@ -860,9 +869,10 @@ def rollout(
             largest ratio); ``None`` turns the check off.
         progress: show a progress bar (tqdm).
         compile: evaluate the forward dynamics and their VJP with
-            :func:`diffmech.dynamics.compiled` (``torch.compile``; explicit integrators, no
-            ``f_ext``). Steps then cost a fraction of the eager ones, after a one-off compilation
-            per batch size (about a minute on CPU; later processes reuse torch's on-disk cache).
+            :func:`diffmech.dynamics.compiled` (explicit integrators; with ``f_ext`` too): on the
+            CPU native kernels (built once per tree and stored on disk, seconds), elsewhere
+            ``torch.compile`` (compiled once per batch size). Steps then cost a fraction of the
+            eager ones at large batches; at batch 1 the eager hand-written steps are as fast.
             The compiled function is kept per robot; pass a :class:`~diffmech.dynamics.CompiledDynamics`
             to choose its options.
         stats: optional dict filled with ``forward_time`` (s), ``steps``, ``checkpoint_every``,
@@ -960,7 +970,7 @@ def rollout(
                                  cfg.max_energy_growth)
     if compile is not False:
         cfg.dyn = _compiled_dynamics(robot, integ, compile, bool(passive), f_ext)
-        if adjoint == "checkpoint" and policy is None:
+        if adjoint == "checkpoint" and policy is None and f_ext is None:
             cfg.cstep = _compiled_step(cfg.dyn, integ, dt)
         # With adjoint="autograd" the model tensors carry the graph to the parameters; the checkpoint
         # forward reads them without one (its backward rebuilds them).
@@ -1000,19 +1010,20 @@ def _compiled_dynamics(robot: RobotModel, integ: Integrator, compile, passive: b
     """The compiled forward dynamics for ``rollout(..., compile=...)``, kept per robot and ``passive``."""
     if integ.implicit or not integ.accel_calls:
         raise ShapeError(f"rollout: compile=True needs an explicit integrator; '{integ.name}' is implicit")
-    if f_ext is not None:
-        raise ShapeError("rollout: compile=True does not take f_ext; pass compile=False")
+    forces = f_ext is not None
     if isinstance(compile, CompiledDynamics):
-        if compile.model is not robot or compile.algorithm != "forward_dynamics" or compile.passive != passive:
-            raise ShapeError(
-                f"rollout: compile={compile!r} must be forward dynamics of '{robot.name}' with passive={passive}")
+        if (compile.model is not robot or compile.algorithm != "forward_dynamics" or compile.passive != passive
+                or compile.f_ext != forces):
+            raise OptionError(
+                f"rollout: compile={compile!r} must be forward dynamics of '{robot.name}' with passive={passive}"
+                f" and f_ext={forces} (this rollout {'has' if forces else 'has no'} external forces)")
         return compile
     if compile is not True:
-        raise ShapeError(f"rollout: compile must be a bool or a CompiledDynamics, got {compile!r}")
+        raise OptionError(f"rollout: compile must be a bool or a CompiledDynamics, got {compile!r}")
     per_robot = _COMPILED.setdefault(robot, {})
-    if passive not in per_robot:
-        per_robot[passive] = compiled(robot, "forward_dynamics", passive=passive)
-    return per_robot[passive]
+    if (passive, forces) not in per_robot:
+        per_robot[passive, forces] = compiled(robot, "forward_dynamics", passive=passive, f_ext=forces)
+    return per_robot[passive, forces]
 
 
 def _compiled_step(dyn: CompiledDynamics, integ: Integrator, dt: float) -> CompiledStep:
