@@ -16,6 +16,9 @@ tensors; the transposes happen once at the boundary.
 
 from __future__ import annotations
 
+import threading
+import weakref
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -206,23 +209,110 @@ def quat_to_matrix_bl(quat: Tensor) -> Tensor:
     return torch.stack(rows, 0).unflatten(0, (3, 3))
 
 
+# ---------------------------------------------------------------- tables of the local-point formulation
+@dataclass(frozen=True)
+class LocalTables:
+    """Index tables of the local-point formulation (:mod:`._local`) on one device, in one dtype.
+
+    Attributes:
+        anc, desc: (npairs,) long, every pair of bodies with ``anc`` a strict ancestor of ``desc``.
+        sum_anc: (nb, npairs) 0/1: ``sum_anc @ x`` sums per-pair values ``x`` over each body's
+            strict descendants.
+        crba_lever: (len(crba_pairs),) long, for each mass-matrix pair ``(d, e)`` the row of the
+            lever from ``d``'s body to ``e``'s in ``[zero; pair levers]`` (``0``: the same body).
+        local_mask: (nv, 6, 1) keeps the rows of a world-origin motion column that it has at its own
+            body's origin: the angular rows, and the linear rows of prismatic and base-linear DoFs.
+        root_mask: (nj, 1, 1) ``1`` on bodies hanging from the world (fixed base), else ``0``.
+        npairs: the number of body pairs.
+    """
+
+    anc: Tensor
+    desc: Tensor
+    sum_anc: Tensor
+    crba_lever: Tensor
+    local_mask: Tensor
+    root_mask: Tensor
+    npairs: int
+
+
+_LOCAL_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LOCAL_LOCK = threading.Lock()
+
+
+def local_tables(tree: KinematicTree, dtype: torch.dtype, device: torch.device) -> LocalTables:
+    """The :class:`LocalTables` of ``tree`` (built once per tree, dtype and device)."""
+    per_tree = _LOCAL_TABLES.get(tree)
+    got = None if per_tree is None else per_tree.get((dtype, device))
+    if got is not None:
+        return got
+    with _LOCAL_LOCK:
+        per_tree = _LOCAL_TABLES.setdefault(tree, {})
+        got = per_tree.get((dtype, device))
+        if got is None:
+            got = per_tree[(dtype, device)] = _make_local_tables(tree, dtype, device)
+    return got
+
+
+def _make_local_tables(tree: KinematicTree, dtype: torch.dtype, device: torch.device) -> LocalTables:
+    nb, nv, par = tree.nb, tree.nv, tree.body_parent
+    pairs = []
+    for b in range(nb):
+        a = par[b]
+        while a >= 0:
+            pairs.append((a, b))
+            a = par[a]
+    index = {ab: k + 1 for k, ab in enumerate(pairs)}
+    sum_anc = torch.zeros(nb, len(pairs), dtype=dtype)
+    for k, (a, _) in enumerate(pairs):
+        sum_anc[a, k] = 1
+    db = tree.dof_body
+    lever = [0 if db[d] == db[e] else index[(db[d], db[e])] for d, e in tree.crba_pairs]
+    mask = torch.zeros(nv, 6, 1, dtype=dtype)
+    mask[:, 3:] = 1
+    mask[: 3 * tree.nfree, :3] = 1  # base translations: (R0 e_i; 0) wherever the base is
+    for k, prismatic in enumerate(tree.is_prismatic):
+        if prismatic:
+            mask[tree.v_joint_start + k, :3] = 1
+    roots = [float(not tree.nfree and p < 0) for p in par[tree.nfree:]]
+    long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+    return LocalTables(
+        anc=long([a for a, _ in pairs]), desc=long([b for _, b in pairs]), sum_anc=sum_anc.to(device),
+        crba_lever=long(lever), local_mask=mask.to(device),
+        root_mask=torch.tensor(roots, dtype=dtype, device=device).reshape(-1, 1, 1), npairs=len(pairs),
+    )
+
+
 # ---------------------------------------------------------------- the kinematic pass
-def body_placements(tree: KinematicTree, mt: ModelTensors, qT: Tensor) -> tuple[Tensor, Tensor]:
-    """World placements of all bodies. ``qT (nq, B) -> R (nb, 3, 3, B), p (nb, 3, B)``."""
+def body_placements(tree: KinematicTree, mt: ModelTensors, qT: Tensor, centered: bool = False
+                    ) -> tuple[Tensor, Tensor]:
+    """World placements of all bodies. ``qT (nq, B) -> R (nb, 3, 3, B), p (nb, 3, B)``.
+
+    ``centered``: positions relative to the origin of body 0 (the floating base, or the first
+    body hanging from the world), which sits exactly at zero: a translation of the world, under
+    which the dynamics are invariant, that keeps the positions as small as the robot (see
+    :mod:`._local`). The kinematics of a fixed base shift by the constant placement of body 0's
+    joint in the world.
+    """
     qj = qT[tree.q_joint_start:]  # (nj, B)
     s = qj.sin()[:, None, None]
     c1 = (1.0 - qj.cos())[:, None, None]
     R_loc = torch.addcmul(torch.addcmul(mt.A0, s, mt.A1), c1, mt.A2)  # (nj, 3, 3, B)
+    p_tree = mt.p_tree
+    if centered and not tree.nfree:
+        # Bodies hanging from the world are placed relative to body 0's joint: its own offset
+        # becomes an exact zero, the others' the (constant, small) differences of the offsets.
+        p_tree = p_tree - local_tables(tree, p_tree.dtype, p_tree.device).root_mask * p_tree[:1]
     # lin_dir is exactly zero on revolute joints, whatever the parameters.
-    p_loc = torch.addcmul(mt.p_tree, mt.lin_dir, qj[:, None]) if tree.any_prismatic else mt.p_tree  # (nj, 3, B|1)
+    p_loc = torch.addcmul(p_tree, mt.lin_dir, qj[:, None]) if tree.any_prismatic else p_tree  # (nj, 3, B|1)
+    base_p = qT[:3] if not centered else torch.zeros_like(qT[:3])
     if small_batch(qT):
-        return _placements_by_jumping(tree, qT, R_loc, p_loc)
+        return _placements_by_jumping(tree, qT, R_loc, p_loc, base_p)
     Rs: list[Tensor] = [None] * tree.nb  # type: ignore[list-item]
     ps: list[Tensor] = [None] * tree.nb  # type: ignore[list-item]
     off = tree.nfree
     if off:
         Rs[0] = quat_to_matrix_bl(qT[3:7])
-        ps[0] = qT[:3]
+        ps[0] = base_p
     for idx, par in tree.levels:
         if off and idx == (0,):
             continue
@@ -249,7 +339,8 @@ def body_placements(tree: KinematicTree, mt: ModelTensors, qT: Tensor) -> tuple[
     return torch.stack(Rs), torch.stack(ps)
 
 
-def _placements_by_jumping(tree: KinematicTree, qT: Tensor, R_loc: Tensor, p_loc: Tensor) -> tuple[Tensor, Tensor]:
+def _placements_by_jumping(tree: KinematicTree, qT: Tensor, R_loc: Tensor, p_loc: Tensor, base_p: Tensor
+                           ) -> tuple[Tensor, Tensor]:
     """:func:`body_placements` for small batches, as products of homogeneous transforms.
 
     Each step composes every body's transform with the one 2^k levels up (pointer jumping), so a
@@ -261,7 +352,7 @@ def _placements_by_jumping(tree: KinematicTree, qT: Tensor, R_loc: Tensor, p_loc
     p = p_loc.permute(0, 2, 1)[..., None].expand(-1, B, 3, 1)  # (nj, B, 3, 1)
     if tree.nfree:
         R = torch.cat([quat_to_matrix_bl(qT[3:7]).permute(2, 0, 1)[None], R])
-        p = torch.cat([qT[:3].transpose(0, 1)[None, :, :, None], p])
+        p = torch.cat([base_p.transpose(0, 1)[None, :, :, None], p])
     eye = torch.eye(4, dtype=qT.dtype, device=qT.device)
     T = torch.cat([torch.cat([R, p], -1), eye[3:].expand(tree.nb, B, 1, 4)], -2)
     T = torch.cat([T, eye.expand(1, B, 4, 4)])  # (nb + 1, B, 4, 4), the last the world
@@ -271,10 +362,15 @@ def _placements_by_jumping(tree: KinematicTree, qT: Tensor, R_loc: Tensor, p_loc
     return T[..., :3, :3].permute(0, 2, 3, 1), T[..., :3, 3].permute(0, 2, 1)
 
 
-def tree_state(tree: KinematicTree, mt: ModelTensors, q: Tensor, *, batch_last: bool = False) -> TreeState:
-    """Body placements and world-frame motion subspaces for ``q (B, nq)`` (or ``(nq, B)``)."""
+def tree_state(tree: KinematicTree, mt: ModelTensors, q: Tensor, *, batch_last: bool = False,
+               centered: bool = False) -> TreeState:
+    """Body placements and world-frame motion subspaces for ``q (B, nq)`` (or ``(nq, B)``).
+
+    ``centered``: in the world translated so that body 0 sits at the origin (for the dynamics,
+    which do not change under the translation; see :func:`body_placements`).
+    """
     qT = q if batch_last else q.transpose(0, 1)
-    R, p = body_placements(tree, mt, qT)
+    R, p = body_placements(tree, mt, qT, centered)
     off = tree.nfree
     Rj, pj = R[off:], p[off:]
     w_rot = mv(Rj, mt.rot_axis)  # (nj, 3, B)

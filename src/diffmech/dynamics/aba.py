@@ -1,7 +1,9 @@
 """Forward dynamics: the Articulated Body Algorithm (Featherstone 2008, §7.3) and its fast gradient.
 
-ABA is written in the world frame, so articulated inertias pass from child to parent without any
-coordinate transform; bodies of one depth are processed together.
+ABA is written in world-aligned axes about each body's own origin (:mod:`._local`): articulated
+inertias pass from child to parent by a pure translation along the short lever between the two
+origins, which keeps float32 results accurate far from the world origin; bodies of one depth are
+processed together.
 
 ``forward_dynamics`` wraps it with the cheap backward of the implicit function theorem: since
 ``ID(q, v, qdd, theta) = tau``, for a cotangent ``g`` of ``qdd``, ``lam = M^{-1} g`` is the
@@ -36,12 +38,12 @@ from ._common import (
     f_ext_entry,
     gravity_acceleration,
     mm,
+    motion_cross,
     mv,
     tree_state,
-    velocity_terms,
-    world_inertia,
 )
-from .crba import crba_flat
+from ._local import body_inertia, force_to_parent, local_terms, motion_to_child, translate_articulated
+from .crba import crba_bl
 from .rnea import rnea_bl, rnea_flat
 from .rnea_vjp import rnea_state_vjp
 
@@ -56,7 +58,9 @@ AUTO_CRBA_MAX_BATCH = 64
 
 class _Level(NamedTuple):
     """One depth of the tree. A depth with a single body (every depth of a chain) drops the ``k``
-    dimension: no stacking, unsqueezing or selecting, which at batch 1 is most of the work."""
+    dimension: no stacking, unsqueezing or selecting, which at batch 1 is most of the work.
+
+    Quantities are about each body's own origin (world-aligned axes, :mod:`._local`)."""
 
     idx: tuple[int, ...]  # bodies at this depth
     par: tuple[int, ...]  # their parents
@@ -65,8 +69,9 @@ class _Level(NamedTuple):
     D: Tensor  # (k, B) S^T IA S
     Ud: Tensor  # (k, 6, B) U / D
     u: Tensor  # (k, B)
-    S: Tensor  # (k, 6, B)
+    S: Tensor  # (k, 6, B) motion columns at the bodies' origins
     c: Tensor  # (k, 6, B) velocity-product acceleration
+    r: Tensor | None  # (k, 3, B) body origin minus parent origin (None: bodies hanging from the world)
 
 
 class _Factors(NamedTuple):
@@ -74,24 +79,28 @@ class _Factors(NamedTuple):
 
     levels: list[_Level]  # deepest first
     root: tuple[Tensor, Tensor, Tensor] | None  # floating base: (S0 (6 comp, 6 dof, B), U0, D0)
-    kinematics: tuple[TreeState, RigidInertia]  # the kinematic pass and world inertias at q
+    # The centered kinematic pass at q, and the world inertias (world_inertia(ts)) if computed.
+    kinematics: tuple[TreeState, RigidInertia | None]
 
 
 def _aba(tree: KinematicTree, mt: ModelTensors, q: Tensor, v: Tensor, tau: Tensor, f_ext, passive: bool
          ) -> tuple[Tensor, _Factors]:
-    ts = tree_state(tree, mt, q)
+    ts = tree_state(tree, mt, q, centered=True)
     vT, tauT = v.transpose(0, 1), tau.transpose(0, 1)
-    S = ts.S
-    vt = velocity_terms(tree, ts, vT, f_ext)
-    c = vt.c  # (nv, 6, B)
+    lt = local_terms(tree, ts, vT, f_ext)
+    S = lt.Sl  # (nv, 6, B) at each body's origin
+    dof_V = lt.V[tree.tables(q.dtype, q.device).dof_body] if tree.nfree else lt.V
+    c = motion_cross(dof_V, S * vT[:, None])  # (nv, 6, B): d/dt S_d = V_body(d) x S_d
     if passive:
         tauT = add_passive(tree, mt, tauT, q.transpose(0, 1), vT, 1.0)
-    IA = list(vt.inertia.matrix().unbind(0))
-    pA = list(vt.bias.unbind(0))
+    IA = list(lt.inertia.matrix().unbind(0))
+    pA = list(lt.bias.unbind(0))
+    p = ts.p
     off = tree.nfree
     levels: list[_Level] = []
     for idx, par, dofs in level_structure(tree):
-        if len(idx) == 1:
+        single = len(idx) == 1
+        if single:
             Il, pl = IA[idx[0]], pA[idx[0]]
         else:
             Il, pl = torch.stack([IA[b] for b in idx]), torch.stack([pA[b] for b in idx])
@@ -102,19 +111,21 @@ def _aba(tree: KinematicTree, mt: ModelTensors, q: Tensor, v: Tensor, tau: Tenso
         u = tl - (Sl * pl).sum(-2)
         Ia = torch.addcmul(Il, U[..., :, None, :], Ud[..., None, :, :], value=-1)
         pa = torch.addcmul(pl + mv(Ia, cl), Ud, u[..., None, :])
-        if len(idx) == 1:
-            if par[0] >= 0:
+        r = None
+        if par[0] >= 0:  # move to the parents' origins, then add
+            r = p[idx[0]] - p[par[0]] if single else p[list(idx)] - p[list(par)]
+            Ia, pa = translate_articulated(Ia, r), force_to_parent(pa, r)
+            if single:
                 IA[par[0]] = IA[par[0]] + Ia
                 pA[par[0]] = pA[par[0]] + pa
-        else:
-            for k, p in enumerate(par):
-                if p >= 0:
-                    IA[p] = IA[p] + Ia[k]
-                    pA[p] = pA[p] + pa[k]
-        levels.append(_Level(idx, par, dofs, U, D, Ud, u, Sl, cl))
+            else:
+                for k, pb in enumerate(par):
+                    IA[pb] = IA[pb] + Ia[k]
+                    pA[pb] = pA[pb] + pa[k]
+        levels.append(_Level(idx, par, dofs, U, D, Ud, u, Sl, cl, r))
 
     B = q.shape[0]
-    a_world = gravity_acceleration(mt).expand(6, B)
+    a_world = gravity_acceleration(mt).expand(6, B)  # a pure linear acceleration: the same at every point
     A: list[Tensor] = [None] * tree.nb  # type: ignore[list-item]
     pieces: list[Tensor] = []
     root = None
@@ -128,7 +139,8 @@ def _aba(tree: KinematicTree, mt: ModelTensors, q: Tensor, v: Tensor, tau: Tenso
         pieces.append(q0)
         root = (S0, U0, D0)
     for lv in reversed(levels):
-        apc = _parent_accel(A, lv.par, a_world) + lv.c
+        ap = _parent_accel(A, lv.par, a_world)
+        apc = (ap if lv.r is None else motion_to_child(ap, lv.r)) + lv.c
         ql = (lv.u - (lv.U * apc).sum(-2)) / lv.D
         Al = torch.addcmul(apc, lv.S, ql[..., None, :])
         if len(lv.idx) == 1:
@@ -139,7 +151,7 @@ def _aba(tree: KinematicTree, mt: ModelTensors, q: Tensor, v: Tensor, tau: Tenso
                 A[b] = Al[k]
             pieces.append(ql)
     qdd = torch.cat(pieces, 0)[list(tree.aba_gather)]  # (nv, B) in DoF order
-    return qdd.transpose(0, 1), _Factors(levels, root, (ts, vt.inertia))
+    return qdd.transpose(0, 1), _Factors(levels, root, (ts, None))
 
 
 def level_structure(tree: KinematicTree) -> list[tuple[tuple[int, ...], tuple[int, ...], list[int] | int]]:
@@ -154,24 +166,28 @@ def level_structure(tree: KinematicTree) -> list[tuple[tuple[int, ...], tuple[in
 
 
 def factor_tensors(factors: _Factors) -> list[Tensor]:
-    """The tensors of ``factors`` that :func:`factors_from` needs besides the kinematics:
-    ``U, D`` of every depth (and of a floating base)."""
-    out = [t for lv in factors.levels for t in (lv.U, lv.D)]
+    """The tensors of ``factors`` that :func:`factors_from` needs: ``U, D, S`` and the levers
+    ``r`` of every depth (below the world), and ``S0, U0, D0`` of a floating base."""
+    out = [t for lv in factors.levels for t in (lv.U, lv.D, lv.S) + (() if lv.r is None else (lv.r,))]
     if factors.root is not None:
-        out += [factors.root[1], factors.root[2]]
+        out += list(factors.root)
     return out
 
 
-def factors_from(tree: KinematicTree, ts: TreeState, tensors: list[Tensor]) -> _Factors:
-    """Rebuild the :class:`_Factors` that apply ``M^{-1}`` from :func:`factor_tensors` and the
-    kinematic pass ``ts`` at the same configuration."""
+def factors_from(tree: KinematicTree, ts: TreeState | None, tensors: list[Tensor]) -> _Factors:
+    """Rebuild the :class:`_Factors` that apply ``M^{-1}`` from :func:`factor_tensors` (``ts``,
+    the kinematic pass at the same configuration, is only carried along)."""
     levels = []
-    for k, (idx, par, dofs) in enumerate(level_structure(tree)):
-        U, D = tensors[2 * k], tensors[2 * k + 1]
-        levels.append(_Level(idx, par, dofs, U, D, U / D[..., None, :], None, ts.S[dofs], None))
-    root = None
-    if tree.nfree:
-        root = (ts.S[:6].transpose(0, 1), tensors[-2], tensors[-1])
+    k = 0
+    for idx, par, dofs in level_structure(tree):
+        U, D, S = tensors[k:k + 3]
+        k += 3
+        r = None
+        if par[0] >= 0:
+            r = tensors[k]
+            k += 1
+        levels.append(_Level(idx, par, dofs, U, D, U / D[..., None, :], None, S, None, r))
+    root = tuple(tensors[k:k + 3]) if tree.nfree else None
     return _Factors(levels, root, (ts, None))
 
 
@@ -195,6 +211,8 @@ def apply_inverse_mass(tree: KinematicTree, factors: _Factors, g: Tensor) -> Ten
         pl = _stack_opt(pA, lv.idx)
         u = gT[lv.dofs] if pl is None else gT[lv.dofs] - (lv.S * pl).sum(-2)
         pa = lv.Ud * u[..., None, :] if pl is None else torch.addcmul(pl, lv.Ud, u[..., None, :])
+        if lv.r is not None:
+            pa = force_to_parent(pa, lv.r)
         for k, p in enumerate(lv.par):
             if p >= 0:
                 pk = pa if len(lv.par) == 1 else pa[k]
@@ -210,6 +228,8 @@ def apply_inverse_mass(tree: KinematicTree, factors: _Factors, g: Tensor) -> Ten
         out[:6] = x0
     for lv, u in zip(reversed(factors.levels), reversed(us)):
         ap = _stack_opt(A, lv.par)
+        if ap is not None and lv.r is not None:
+            ap = motion_to_child(ap, lv.r)
         ql = u / lv.D if ap is None else (u - (lv.U * ap).sum(-2)) / lv.D
         Al = lv.S * ql[..., None, :] if ap is None else torch.addcmul(ap, lv.S, ql[..., None, :])
         if len(lv.idx) == 1:
@@ -249,17 +269,17 @@ def aba_flat(
 def _solve_crba(tree: KinematicTree, mt: ModelTensors, q, v, tau, f_ext, passive
                 ) -> tuple[Tensor, tuple[Tensor, Tensor], tuple]:
     """``qdd (B, nv)`` from the mass matrix and the bias forces, the LU factors of ``M``, and the
-    kinematic pass with the world inertias."""
-    ts = tree_state(tree, mt, q)
-    inertia = world_inertia(ts)
-    M = crba_flat(tree, mt, q, ts, inertia)
+    centered kinematic pass (with ``None`` for the world inertias, which it does not need)."""
+    ts = tree_state(tree, mt, q, centered=True)
+    inertia = body_inertia(ts)
+    M = crba_bl(tree, ts, inertia)
     h = rnea_bl(tree, ts, q.transpose(0, 1), v.transpose(0, 1), None, f_ext, passive, inertia).transpose(0, 1)
     # LU, not Cholesky: with two threads MKL's potrf stalls for milliseconds whenever the other core
     # is busy, even on one 7x7 matrix (measured on a shared machine: one call in six; none with one
     # thread), and getrf/getrs do not. M is positive definite, so no pivot vanishes and the info
     # flag need not be checked (no sync).
     LU, piv, _ = torch.linalg.lu_factor_ex(M)
-    return _lu_apply(LU, piv, tau - h), (LU, piv), (ts, inertia)
+    return _lu_apply(LU, piv, tau - h), (LU, piv), (ts, None)
 
 
 def _lu_apply(LU: Tensor, piv: Tensor, b: Tensor) -> Tensor:

@@ -37,7 +37,7 @@ from torch import Tensor
 from ..errors import OptionError, ShapeError
 from ..model.parameters import ModelTensors, RobotParameters
 from ..model.tree import KinematicTree
-from ._common import RigidInertia, TreeState
+from ._common import RigidInertia, TreeState, world_inertia
 from .aba import _aba, aba_flat, apply_inverse_mass, factor_tensors, factors_from
 from .crba import crba_flat
 from .lanes import aba_lanes, crba_lanes, rnea_lanes
@@ -70,7 +70,8 @@ def _fd_saving(tree: KinematicTree, mt, passive, q, v, u):
     world-frame columns ``S``, the world inertias ``(h, I)``, the base orientation (floating base)
     and the articulated-body factors."""
     qdd, factors = _aba(tree, mt, q, v, u, None, passive)
-    ts, inertia = factors.kinematics
+    ts, _ = factors.kinematics
+    inertia = world_inertia(ts)  # what the RNEA VJP reads
     base = [ts.R[0]] if tree.nfree else []
     return (qdd, ts.S, inertia.h, inertia.I, *base, *factor_tensors(factors))
 
