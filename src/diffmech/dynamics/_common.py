@@ -215,24 +215,36 @@ class LocalTables:
     """Index tables of the local-point formulation (:mod:`._local`) on one device, in one dtype.
 
     Attributes:
-        anc, desc: (npairs,) long, every pair of bodies with ``anc`` a strict ancestor of ``desc``.
+        anc, desc: (npairs,) long, every pair of bodies with ``anc`` a strict ancestor of ``desc``;
+            ``npairs`` their number.
         sum_anc: (nb, npairs) 0/1: ``sum_anc @ x`` sums per-pair values ``x`` over each body's
-            strict descendants.
-        crba_lever: (len(crba_pairs),) long, for each mass-matrix pair ``(d, e)`` the row of the
-            lever from ``d``'s body to ``e``'s in ``[zero; pair levers]`` (``0``: the same body).
-        local_mask: (nv, 6, 1) keeps the rows of a world-origin motion column that it has at its own
-            body's origin: the angular rows, and the linear rows of prismatic and base-linear DoFs.
+            strict descendants (``anc`` is the same sum as an index).
+        jp_joint, jp_body: (njp,) long, every pair of a joint ``j`` (``0..nj-1``) and a body
+            strictly below the joint's body; ``jp_sum`` (nj, njp) 0/1 sums over each joint's pairs.
+        far_d, far_e / near_d, near_e: (k,) long, the mass-matrix pairs ``(d, e)`` (``d``'s body at
+            or above ``e``'s) whose DoFs move different bodies / the same body.
+        crba_index: flat ``(nv * nv)`` positions of the far pairs, the near pairs, then the far
+            pairs transposed; ``crba_scatter`` (nv * nv, far + near) the same as a 0/1 matrix.
+        local_mask: (nv, 6, 1) keeps the rows of a world-origin motion column that it has at its
+            own body's origin: the angular rows, and the linear rows of prismatic and base-linear DoFs.
         root_mask: (nj, 1, 1) ``1`` on bodies hanging from the world (fixed base), else ``0``.
-        npairs: the number of body pairs.
     """
 
     anc: Tensor
     desc: Tensor
+    npairs: int
     sum_anc: Tensor
-    crba_lever: Tensor
+    jp_joint: Tensor
+    jp_body: Tensor
+    jp_sum: Tensor
+    far_d: Tensor
+    far_e: Tensor
+    near_d: Tensor
+    near_e: Tensor
+    crba_index: Tensor
+    crba_scatter: Tensor
     local_mask: Tensor
     root_mask: Tensor
-    npairs: int
 
 
 _LOCAL_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -254,19 +266,26 @@ def local_tables(tree: KinematicTree, dtype: torch.dtype, device: torch.device) 
 
 
 def _make_local_tables(tree: KinematicTree, dtype: torch.dtype, device: torch.device) -> LocalTables:
-    nb, nv, par = tree.nb, tree.nv, tree.body_parent
+    nb, nv, nj, par, db = tree.nb, tree.nv, tree.nj, tree.body_parent, tree.dof_body
     pairs = []
     for b in range(nb):
         a = par[b]
         while a >= 0:
             pairs.append((a, b))
             a = par[a]
-    index = {ab: k + 1 for k, ab in enumerate(pairs)}
     sum_anc = torch.zeros(nb, len(pairs), dtype=dtype)
     for k, (a, _) in enumerate(pairs):
         sum_anc[a, k] = 1
-    db = tree.dof_body
-    lever = [0 if db[d] == db[e] else index[(db[d], db[e])] for d, e in tree.crba_pairs]
+    jpairs = [(a - tree.nfree, b) for a, b in pairs if a >= tree.nfree]
+    jp_sum = torch.zeros(nj, len(jpairs), dtype=dtype)
+    for k, (j, _) in enumerate(jpairs):
+        jp_sum[j, k] = 1
+    far = [(d, e) for d, e in tree.crba_pairs if db[d] != db[e]]
+    near = [(d, e) for d, e in tree.crba_pairs if db[d] == db[e]]
+    index = [d * nv + e for d, e in far + near] + [e * nv + d for d, e in far]
+    scatter = torch.zeros(nv * nv, len(far) + len(near), dtype=dtype)
+    for k, i in enumerate(index):
+        scatter[i, k % (len(far) + len(near))] = 1
     mask = torch.zeros(nv, 6, 1, dtype=dtype)
     mask[:, 3:] = 1
     mask[: 3 * tree.nfree, :3] = 1  # base translations: (R0 e_i; 0) wherever the base is
@@ -274,11 +293,15 @@ def _make_local_tables(tree: KinematicTree, dtype: torch.dtype, device: torch.de
         if prismatic:
             mask[tree.v_joint_start + k, :3] = 1
     roots = [float(not tree.nfree and p < 0) for p in par[tree.nfree:]]
-    long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+    long = lambda x: torch.tensor(x, dtype=torch.long, device=device).reshape(-1)  # noqa: E731
     return LocalTables(
-        anc=long([a for a, _ in pairs]), desc=long([b for _, b in pairs]), sum_anc=sum_anc.to(device),
-        crba_lever=long(lever), local_mask=mask.to(device),
-        root_mask=torch.tensor(roots, dtype=dtype, device=device).reshape(-1, 1, 1), npairs=len(pairs),
+        anc=long([a for a, _ in pairs]), desc=long([b for _, b in pairs]), npairs=len(pairs),
+        sum_anc=sum_anc.to(device),
+        jp_joint=long([j for j, _ in jpairs]), jp_body=long([b for _, b in jpairs]), jp_sum=jp_sum.to(device),
+        far_d=long([d for d, _ in far]), far_e=long([e for _, e in far]),
+        near_d=long([d for d, _ in near]), near_e=long([e for _, e in near]),
+        crba_index=long(index), crba_scatter=scatter.to(device), local_mask=mask.to(device),
+        root_mask=torch.tensor(roots, dtype=dtype, device=device).reshape(-1, 1, 1),
     )
 
 

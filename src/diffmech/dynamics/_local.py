@@ -1,24 +1,27 @@
-"""Spatial quantities about each body's own origin: the numerics of RNEA, CRBA and ABA.
+"""Spatial quantities about points on the robot: the numerics of RNEA, CRBA and ABA.
 
 The sums over ancestors and subtrees of :mod:`._common` are exact at the world origin, but a
 product of two world-origin quantities cancels large terms: a body ``|p|`` from the origin has
 the inertia ``m |p|^2`` there, which swamps its rotational inertia (``0.4`` against ``1e-3`` kg m^2
 for the iiwa's last link), and a joint force ``S_d . F`` subtracts moments of size ``|p| |f|``.
 In float32 that leaves three or four significant digits of the mass matrix's smallest entries
-and of forward dynamics. So every inertia here is kept about its body's origin ``o_b`` (world-
-aligned axes), motions are moved to the point where they meet an inertia, and forces to the joint
-on which they are projected, along *levers* between two bodies of one robot: differences of body
-positions in the world translated so that body 0 sits at the origin (``tree_state(...,
-centered=True)``; the dynamics do not change under a translation of the world). Products are
-thus formed with small levers only, and the rounding error of every result scales with the
-robot's own size, not with its distance from the origin.
+and of forward dynamics. So the products here are formed about points on the robot, with short
+levers only, and the rounding error of every result scales with the robot's own size, not with
+its distance from the origin:
 
-Motions are still summed over ancestors at the origin (one masked product, as before) and then
-moved to each body's origin, ``X(p) (v; w) = (v + w x p; w)``: that move is linear in ``p`` and
-costs no significant digits. Forces move from a body to an ancestor's origin along the lever
-``r = o_b - o_a``: ``(f; n) -> (f; n + r x f)``, one product per pair of bodies (the pairs of
-:class:`~._common.LocalTables`), then a masked sum. Composite inertias are sums over the same pairs
-of body inertias moved by ``r``.
+* positions are those of a world translated so that body 0 sits at the origin
+  (``tree_state(..., centered=True)``); the dynamics do not change under a translation;
+* each body's inertia is kept about its centre of mass (mass, COM, rotational inertia about the
+  COM, world-aligned axes: :func:`com_inertia`), so that its force is ``m a_c`` and its moment
+  about the COM ``I_c alpha + w x I_c w``;
+* motions are summed over ancestors at the origin (one masked product) and taken to a point
+  ``x`` by ``(v + w x x; w)``, which is linear in ``x`` and costs no significant digits;
+* a force reaches the origin ``o_a`` of an ancestor along the lever ``c_b - o_a`` between two
+  points of one robot (one product per pair of bodies, then a sum: :class:`~._common.LocalTables`),
+  and is projected on joint ``a`` there.
+
+ABA keeps each body's spatial inertia about the body's own origin (:func:`body_inertia`) and
+passes articulated inertias to the parent by a pure translation (:func:`translate_articulated`).
 """
 
 from __future__ import annotations
@@ -60,9 +63,31 @@ def at_points(X: Tensor, p: Tensor) -> Tensor:
     return torch.cat([X[:, :3] + cross(ang, p), ang], dim=1)
 
 
-def levers(ts: TreeState, lt: LocalTables) -> Tensor:
-    """``o_desc - o_anc (npairs, 3, B)`` for the body pairs of ``lt``."""
-    return ts.p[lt.desc] - ts.p[lt.anc]
+class ComInertia(NamedTuple):
+    """Body inertias in centre-of-mass form, world-aligned axes (batch-last)."""
+
+    m: Tensor  # (nb, 1) mass
+    off: Tensor  # (nb, 3, B) centre of mass minus body origin
+    c: Tensor  # (nb, 3, B) centre of mass
+    Ic: Tensor  # (nb, 3, 3, B) rotational inertia about the centre of mass
+
+
+def com_inertia(ts: TreeState) -> ComInertia:
+    """The bodies' inertias about their centres of mass (massless bodies: COM at the origin)."""
+    mt = ts.mt
+    m = mt.body_mass
+    c_loc = mt.body_h / torch.where(m > 0, m, torch.ones_like(m))[:, None]  # body frame
+    eye = torch.eye(3, dtype=m.dtype, device=m.device)
+    Ic_loc = mt.body_I - (m[:, None, None] * (c_loc * c_loc).sum(-1)[:, None, None]) * eye + \
+        mt.body_h[:, :, None] * c_loc[:, None, :]
+    if small_batch(ts.R):
+        R = ts.R.permute(0, 3, 1, 2)  # (nb, B, 3, 3)
+        off = (R @ c_loc[:, None, :, None])[..., 0].permute(0, 2, 1)
+        Ic = (R @ Ic_loc[:, None] @ R.transpose(-1, -2)).permute(0, 2, 3, 1)
+    else:
+        off = mv(ts.R, c_loc[..., None])
+        Ic = mm(mm(ts.R, Ic_loc[..., None]), ts.R.transpose(1, 2))
+    return ComInertia(m=m[:, None], off=off, c=ts.p + off, Ic=Ic)
 
 
 def body_inertia(ts: TreeState) -> RigidInertia:
@@ -83,6 +108,60 @@ def body_inertia(ts: TreeState) -> RigidInertia:
     return RigidInertia(m=m, h=h, I=I)
 
 
+def segment_sum(x: Tensor, index: Tensor, mask: Tensor) -> Tensor:
+    """``y[i] = sum_{k: index[k] = i} x[k]`` for ``x (k, ..., B)``; ``mask (n, k)`` is the same sum
+    as a 0/1 matrix. A small batch takes one GEMM; a large one ``index_add`` (one pass over ``x``
+    instead of a product with a mostly-zero matrix)."""
+    if small_batch(x):
+        return tree_sum(mask, x)
+    return x.new_zeros(mask.shape[0], *x.shape[1:]).index_add_(0, index, x)
+
+
+def com_forces(tree: KinematicTree, ts: TreeState, ci: ComInertia, V_O: Tensor, A_O: Tensor,
+               f_ext: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Net force ``f (nb, 3, B)`` on each body and its moment ``n (nb, 3, B)`` about the body's
+    centre of mass, for body velocities and spatial accelerations ``V_O, A_O (nb, 6, B)`` at the
+    world origin, minus the external link forces ``f_ext (B, n_links, 6)``."""
+    w, al = V_O[:, 3:], A_O[:, 3:]
+    v_c = V_O[:, :3] + cross(w, ci.c)  # velocity of the centre of mass
+    a_c = A_O[:, :3] + cross(al, ci.c) + cross(w, v_c)  # its (classical) acceleration
+    f = ci.m[..., None] * a_c
+    Iw = mv(ci.Ic[:, None], torch.stack([al, w], 1))  # (nb, 2, 3, B): I_c alpha, I_c w
+    n = Iw[:, 0] + cross(w, Iw[:, 1])
+    if f_ext is not None:
+        fe, ne = external_forces(tree, ts, f_ext, ci.off)
+        f, n = f - fe, n - ne
+    return f, n
+
+
+def external_forces(tree: KinematicTree, ts: TreeState, f_ext: Tensor, off: Tensor | None = None
+                    ) -> tuple[Tensor, Tensor]:
+    """Link forces ``f_ext (B, n_links, 6)`` (force; torque about the link origin, world axes),
+    summed per body: force ``(nb, 3, B)`` and moment ``(nb, 3, B)`` about each body's origin, or
+    about the points ``off`` from it (world-fixed links are dropped)."""
+    tb = tree.tables(f_ext.dtype, f_ext.device)
+    keep, body = tb.moving_links, tb.moving_link_body
+    lever = mv(ts.R.index_select(0, body), ts.mt.link_p[keep][..., None])  # link origin - body origin
+    if off is not None:
+        lever = lever - off.index_select(0, body)
+    f = f_ext[:, keep].permute(1, 2, 0)  # (k, 6, B)
+    fw = torch.cat([f[:, :3], f[:, 3:] + cross(lever, f[:, :3])], dim=1)
+    out = torch.zeros(tree.nb, 6, f_ext.shape[0], dtype=f_ext.dtype, device=f_ext.device).index_add_(0, body, fw)
+    return out[:, :3], out[:, 3:]
+
+
+def subtree_forces(ts: TreeState, ci: ComInertia, f: Tensor, n: Tensor, lt: LocalTables) -> Tensor:
+    """The sum of the forces ``(f; n) (nb, 3, B)`` (moments about the centres of mass) over each
+    body's subtree, about that body's origin: ``(nb, 6, B)``."""
+    own = torch.cat([f, n + cross(ci.off, f)], dim=1)
+    if not lt.npairs:
+        return own
+    fd = f.index_select(0, lt.desc)
+    s = ci.c.index_select(0, lt.desc) - ts.p.index_select(0, lt.anc)  # COM of the descendant - ancestor origin
+    moved = torch.cat([fd, n.index_select(0, lt.desc) + cross(s, fd)], dim=1)
+    return own + segment_sum(moved, lt.anc, lt.sum_anc)
+
+
 def translated(m: Tensor, h: Tensor, I: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:
     """First moment and rotational inertia ``(h', I')`` of rigid inertias ``(m (n, 1), h (n, 3, B),
     I (n, 3, 3, B))`` about a point ``r (n, 3, B)`` behind their reference point.
@@ -96,62 +175,24 @@ def translated(m: Tensor, h: Tensor, I: Tensor, r: Tensor) -> tuple[Tensor, Tens
     return h2, torch.addcmul(I - W, tr[:, None, None], eye)
 
 
-def composite_inertia(I: RigidInertia, r: Tensor, lt: LocalTables) -> RigidInertia:
-    """Inertia of each body's subtree about the body's origin (world axes)."""
-    if not lt.npairs:
-        return I
-    d = lt.desc
-    m_p = I.m[d]
-    h_p, I_p = translated(m_p, I.h[d], I.I[d], r)
-    return RigidInertia(m=I.m + lt.sum_anc @ m_p, h=I.h + tree_sum(lt.sum_anc, h_p), I=I.I + tree_sum(lt.sum_anc, I_p))
-
-
-def subtree_forces(F: Tensor, r: Tensor, lt: LocalTables) -> Tensor:
-    """Sum of the forces ``F (nb, 6, B)`` (each about its body's origin) over each body's
-    subtree, about that body's origin."""
-    if not lt.npairs:
-        return F
-    G = F[lt.desc]
-    Gf = G[:, :3]
-    moved = torch.cat([Gf, G[:, 3:] + cross(r, Gf)], dim=1)
-    return F + tree_sum(lt.sum_anc, moved)
-
-
-def external_forces(tree: KinematicTree, ts: TreeState, f_ext: Tensor) -> Tensor:
-    """Link forces ``f_ext (B, n_links, 6)`` (force; torque about the link origin, world axes) as
-    forces about the body origins, summed per body ``(nb, 6, B)`` (world-fixed links dropped)."""
-    tb = tree.tables(f_ext.dtype, f_ext.device)
-    keep, body = tb.moving_links, tb.moving_link_body
-    lever = mv(ts.R[body], ts.mt.link_p[keep][..., None])  # link origin - body origin
-    f = f_ext[:, keep].permute(1, 2, 0)  # (k, 6, B)
-    fw = torch.cat([f[:, :3], f[:, 3:] + cross(lever, f[:, :3])], dim=1)
-    out = torch.zeros(tree.nb, 6, f_ext.shape[0], dtype=f_ext.dtype, device=f_ext.device)
-    return out.index_add(0, body, fw)
-
-
 class LocalTerms(NamedTuple):
-    """What RNEA and ABA derive from the velocities, about each body's origin (batch-last)."""
+    """What ABA derives from the velocities, about each body's origin (batch-last)."""
 
     inertia: RigidInertia  # body inertias about their origins
     Sl: Tensor  # (nv, 6, B) motion columns at their body's origin
-    V_origin: Tensor  # (nb, 6, B) body velocities at the world origin
     V: Tensor  # (nb, 6, B) body velocities at their origins
     bias: Tensor  # (nb, 6, B) V x* I V minus the external forces
 
 
-def local_terms(tree: KinematicTree, ts: TreeState, vT: Tensor, f_ext: Tensor | None,
-                inertia: RigidInertia | None = None) -> LocalTerms:
+def local_terms(tree: KinematicTree, ts: TreeState, vT: Tensor, f_ext: Tensor | None) -> LocalTerms:
     """Body velocities and bias forces about the body origins for ``vT (nv, B)``."""
-    if inertia is None:
-        inertia = body_inertia(ts)
-    lt = tables_of(tree, vT)
+    inertia = body_inertia(ts)
     mask_bd, _ = masks(tree, vT)
-    V_O = tree_sum(mask_bd, ts.S * vT[:, None])
-    V = at_points(V_O, ts.p)
+    V = at_points(tree_sum(mask_bd, ts.S * vT[:, None]), ts.p)
     bias = force_cross(V, inertia.apply(V))
     if f_ext is not None:
-        bias = bias - external_forces(tree, ts, f_ext)
-    return LocalTerms(inertia, local_columns(ts, lt), V_O, V, bias)
+        bias = bias - torch.cat(external_forces(tree, ts, f_ext), dim=1)
+    return LocalTerms(inertia, local_columns(ts, tables_of(tree, vT)), V, bias)
 
 
 def translate_articulated(Ia: Tensor, r: Tensor) -> Tensor:
@@ -182,4 +223,3 @@ def motion_to_child(a: Tensor, r: Tensor) -> Tensor:
     """Motions ``(..., 6, B)`` at a point ``o`` seen at ``o + r``: ``(v + w x r; w)``."""
     w = a[..., 3:, :]
     return torch.cat([a[..., :3, :] + cross(w, r), w], dim=-2)
-

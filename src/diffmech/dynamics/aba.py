@@ -42,7 +42,7 @@ from ._common import (
     mv,
     tree_state,
 )
-from ._local import body_inertia, force_to_parent, local_terms, motion_to_child, translate_articulated
+from ._local import com_inertia, force_to_parent, local_terms, motion_to_child, translate_articulated
 from .crba import crba_bl
 from .rnea import rnea_bl, rnea_flat
 from .rnea_vjp import rnea_state_vjp
@@ -271,7 +271,7 @@ def _solve_crba(tree: KinematicTree, mt: ModelTensors, q, v, tau, f_ext, passive
     """``qdd (B, nv)`` from the mass matrix and the bias forces, the LU factors of ``M``, and the
     centered kinematic pass (with ``None`` for the world inertias, which it does not need)."""
     ts = tree_state(tree, mt, q, centered=True)
-    inertia = body_inertia(ts)
+    inertia = com_inertia(ts)
     M = crba_bl(tree, ts, inertia)
     h = rnea_bl(tree, ts, q.transpose(0, 1), v.transpose(0, 1), None, f_ext, passive, inertia).transpose(0, 1)
     # LU, not Cholesky: with two threads MKL's potrf stalls for milliseconds whenever the other core

@@ -14,8 +14,19 @@ from torch import Tensor
 
 from ..model.parameters import ModelTensors, RobotParameters
 from ..model.tree import KinematicTree
-from ._common import RigidInertia, TreeState, as_state, bind, cross, tree_state
-from ._local import body_inertia, composite_inertia, levers, local_columns, tables_of
+from ._common import (
+    LocalTables,
+    RigidInertia,
+    TreeState,
+    as_state,
+    bind,
+    cross,
+    mv,
+    small_batch,
+    tree_state,
+    tree_sum,
+)
+from ._local import ComInertia, com_inertia, local_columns, segment_sum, tables_of, translated
 
 __all__ = ["crba", "mass_matrix", "crba_flat"]
 
@@ -29,28 +40,65 @@ def crba_flat(tree: KinematicTree, mt: ModelTensors, q: Tensor, ts: TreeState | 
     """
     if ts is None:
         ts = tree_state(tree, mt, q, centered=True)
-    return crba_bl(tree, ts, body_inertia(ts))
+    return crba_bl(tree, ts, com_inertia(ts))
 
 
-def crba_bl(tree: KinematicTree, ts: TreeState, inertia: RigidInertia) -> Tensor:
-    """CRBA from a kinematic pass ``ts`` and the body inertias about the body origins
-    (``body_inertia(ts)``) -> ``M (B, nv, nv)``."""
-    q = ts.S
-    lt = tables_of(tree, q)
-    tb = tree.tables(q.dtype, q.device)
-    r = levers(ts, lt)
-    Ic = composite_inertia(inertia, r, lt)
-    if tree.nfree:
-        Ic = RigidInertia(m=Ic.m[tb.dof_body], h=Ic.h[tb.dof_body], I=Ic.I[tb.dof_body])
+def crba_bl(tree: KinematicTree, ts: TreeState, ci: ComInertia) -> Tensor:
+    """CRBA from a kinematic pass ``ts`` and the body inertias ``ci = com_inertia(ts)`` ->
+    ``M (B, nv, nv)``."""
+    S = ts.S
+    lt = tables_of(tree, S)
+    tb = tree.tables(S.dtype, S.device)
     Sl = local_columns(ts, lt)
-    F = Ic.apply(Sl)  # (nv, 6, B) about each DoF's body origin
-    # M[d, e] = S_d . F_e with F_e moved from e's body to d's along their lever.
-    Fe = F[tb.crba_e]
-    r = torch.cat([r.new_zeros(1, 3, r.shape[-1]), r])[lt.crba_lever]
-    Sd = Sl[tb.crba_d]
-    vals = (Sd[:, :3] * Fe[:, :3]).sum(1) + (Sd[:, 3:] * (Fe[:, 3:] + cross(r, Fe[:, :3]))).sum(1)  # (npairs, B)
-    M = tb.crba_scatter @ vals  # (nv * nv, B)
-    return M.transpose(0, 1).reshape(-1, tree.nv, tree.nv)
+    j0, nf = tree.v_joint_start, tree.nfree
+    # F_j = Ic_j S_j about the origin o_j of joint j's body, summed over the bodies b of its
+    # subtree: b's centre of mass moves with v = lin_j + w_j x s (s = c_b - o_j), so b's force is
+    # f = m v and its moment about o_j is s x f + I_c w_j. Formed as s x (m (w x s)), each
+    # parallel-axis term keeps its digits even where |w x s| is much smaller than |s|.
+    w = Sl[j0:, 3:]
+    s = ci.off[nf:]
+    v = cross(w, s)
+    if tree.any_prismatic:
+        v = v + Sl[j0:, :3]
+    f = ci.m[nf:, :, None] * v
+    n = cross(s, f) + mv(tree_sum(tb.mask_db[j0:], ci.Ic), w)  # I_c summed over the subtree
+    if lt.jp_joint.numel():
+        wp = w.index_select(0, lt.jp_joint)
+        sp = ci.c.index_select(0, lt.jp_body) - ts.p[nf:].index_select(0, lt.jp_joint)
+        vp = cross(wp, sp)
+        if tree.any_prismatic:
+            vp = vp + Sl[j0:, :3].index_select(0, lt.jp_joint)
+        fp = ci.m.index_select(0, lt.jp_body)[..., None] * vp
+        F = torch.cat([f, n], dim=1) + segment_sum(torch.cat([fp, cross(sp, fp)], dim=1), lt.jp_joint, lt.jp_sum)
+    else:
+        F = torch.cat([f, n], dim=1)
+    if nf:
+        # The base carries the whole robot: its composite inertia about its origin o_0 (0 when
+        # centered), each body's moved there. Its entries are large, so no digits are lost.
+        h0, I0 = translated(ci.m, torch.zeros_like(ci.c), ci.Ic, ci.c - ts.p[:1])
+        Ic0 = RigidInertia(m=ci.m.sum(0, keepdim=True), h=h0.sum(0, keepdim=True), I=I0.sum(0, keepdim=True))
+        F = torch.cat([Ic0.apply(Sl[:6]), F])
+    # M[d, e] = S_d . F_e. DoFs of one body meet at its origin; others at the world origin, where
+    # the moments cancel only as much as the lever between the two bodies does.
+    near = (Sl.index_select(0, lt.near_d) * F.index_select(0, lt.near_e)).sum(1)
+    if lt.far_d.numel():
+        F_O = torch.cat([F[:, :3], F[:, 3:] + cross(ts.p.index_select(0, tb.dof_body), F[:, :3])], dim=1)
+        far = (S.index_select(0, lt.far_d) * F_O.index_select(0, lt.far_e)).sum(1)
+        vals = torch.cat([far, near])
+    else:
+        vals = near
+    return symmetric(tree, lt, vals)
+
+
+def symmetric(tree: KinematicTree, lt: LocalTables, vals: Tensor) -> Tensor:
+    """``(B, nv, nv)`` symmetric matrix from its values ``vals (far + near, B)`` at the CRBA pairs."""
+    nv = tree.nv
+    if small_batch(vals):
+        M = lt.crba_scatter @ vals  # (nv * nv, B)
+    else:  # copies instead of a product with a mostly-zero matrix
+        src = torch.cat([vals, vals[: lt.far_d.shape[0]]])
+        M = vals.new_zeros(nv * nv, vals.shape[-1]).index_copy_(0, lt.crba_index, src)
+    return M.transpose(0, 1).reshape(-1, nv, nv)
 
 
 def crba(robot: RobotParameters, q: Tensor) -> Tensor:

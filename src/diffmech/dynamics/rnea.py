@@ -15,20 +15,18 @@ from torch import Tensor
 from ..model.parameters import ModelTensors, RobotParameters
 from ..model.tree import KinematicTree
 from ._common import (
-    RigidInertia,
     TreeState,
     add_passive,
     as_state,
     bind,
     f_ext_entry,
-    force_cross,
     gravity_acceleration,
     masks,
     motion_cross,
     tree_state,
     tree_sum,
 )
-from ._local import at_points, body_inertia, external_forces, levers, local_columns, subtree_forces, tables_of
+from ._local import ComInertia, com_forces, com_inertia, local_columns, subtree_forces, tables_of
 
 __all__ = ["rnea", "inverse_dynamics", "bias_forces", "generalized_gravity", "rnea_flat", "rnea_bl"]
 
@@ -58,17 +56,17 @@ def rnea_bl(
     aT: Tensor | None,
     f_ext: Tensor | None,
     passive: bool,
-    inertia: RigidInertia | None = None,
+    inertia: ComInertia | None = None,
 ) -> Tensor:
     """Batch-last RNEA: ``qT (nq, B), vT (nv, B), aT (nv, B) -> tau (nv, B)``.
 
     ``aT=None`` stands for zero accelerations (the bias forces ``h``); ``inertia`` is
-    ``body_inertia(ts)`` (about the body origins) when the caller already has it. ``ts`` should
-    be centered (``tree_state(..., centered=True)``) for float32 accuracy far from the origin.
+    ``com_inertia(ts)`` when the caller already has it. ``ts`` should be centered
+    (``tree_state(..., centered=True)``) for float32 accuracy far from the origin.
     """
     mt = ts.mt
     S = ts.S  # (nv, 6, B) at the world origin
-    I = body_inertia(ts) if inertia is None else inertia
+    ci = com_inertia(ts) if inertia is None else inertia
     lt = tables_of(tree, vT)
     mask_bd, _ = masks(tree, vT)
     Sv = S * vT[:, None]
@@ -76,11 +74,8 @@ def rnea_bl(
     # Each column moves with its body: d/dt S_d = V_body(d) x S_d (without a floating base DoF d is body d).
     c = motion_cross(V_O[tree.tables(vT.dtype, vT.device).dof_body] if tree.nfree else V_O, Sv)
     A_O = tree_sum(mask_bd, c if aT is None else torch.addcmul(c, S, aT[:, None])) + gravity_acceleration(mt)
-    V, A = at_points(V_O, ts.p), at_points(A_O, ts.p)
-    F = I.apply(A) + force_cross(V, I.apply(V))
-    if f_ext is not None:
-        F = F - external_forces(tree, ts, f_ext)
-    Fs = subtree_forces(F, levers(ts, lt), lt)
+    f, n = com_forces(tree, ts, ci, V_O, A_O, f_ext)
+    Fs = subtree_forces(ts, ci, f, n, lt)  # (nb, 6, B) about each body's origin
     if tree.nfree:
         Fs = Fs[tree.tables(vT.dtype, vT.device).dof_body]
     tau = (local_columns(ts, lt) * Fs).sum(1)  # project subtree forces on each joint, (nv, B)
