@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+import torch.utils.weak
 from torch import Tensor
 
 from ..errors import ShapeError
@@ -215,12 +216,13 @@ class LocalTables:
     """Index tables of the local-point formulation (:mod:`._local`) on one device, in one dtype.
 
     Attributes:
-        anc, desc: (npairs,) long, every pair of bodies with ``anc`` a strict ancestor of ``desc``;
-            ``npairs`` their number.
+        anc, desc: (npairs,) long, every pair of bodies with ``desc`` in the subtree of ``anc``
+            (itself included); ``npairs`` their number.
         sum_anc: (nb, npairs) 0/1: ``sum_anc @ x`` sums per-pair values ``x`` over each body's
-            strict descendants (``anc`` is the same sum as an index).
-        jp_joint, jp_body: (njp,) long, every pair of a joint ``j`` (``0..nj-1``) and a body
-            strictly below the joint's body; ``jp_sum`` (nj, njp) 0/1 sums over each joint's pairs.
+            subtree (``anc`` is the same sum as an index).
+        jp_joint, jp_anc, jp_body: (njp,) long, the pairs whose ``anc`` is a one-DoF body: its
+            joint (``0..nj-1``), the body and the descendant; ``jp_sum`` (nj, njp) 0/1 sums over
+            each joint's pairs.
         far_d, far_e / near_d, near_e: (k,) long, the mass-matrix pairs ``(d, e)`` (``d``'s body at
             or above ``e``'s) whose DoFs move different bodies / the same body.
         crba_index: flat ``(nv * nv)`` positions of the far pairs, the near pairs, then the far
@@ -235,6 +237,7 @@ class LocalTables:
     npairs: int
     sum_anc: Tensor
     jp_joint: Tensor
+    jp_anc: Tensor
     jp_body: Tensor
     jp_sum: Tensor
     far_d: Tensor
@@ -269,7 +272,7 @@ def _make_local_tables(tree: KinematicTree, dtype: torch.dtype, device: torch.de
     nb, nv, nj, par, db = tree.nb, tree.nv, tree.nj, tree.body_parent, tree.dof_body
     pairs = []
     for b in range(nb):
-        a = par[b]
+        a = b
         while a >= 0:
             pairs.append((a, b))
             a = par[a]
@@ -297,12 +300,52 @@ def _make_local_tables(tree: KinematicTree, dtype: torch.dtype, device: torch.de
     return LocalTables(
         anc=long([a for a, _ in pairs]), desc=long([b for _, b in pairs]), npairs=len(pairs),
         sum_anc=sum_anc.to(device),
-        jp_joint=long([j for j, _ in jpairs]), jp_body=long([b for _, b in jpairs]), jp_sum=jp_sum.to(device),
+        jp_joint=long([j for j, _ in jpairs]), jp_anc=long([j + tree.nfree for j, _ in jpairs]),
+        jp_body=long([b for _, b in jpairs]), jp_sum=jp_sum.to(device),
         far_d=long([d for d, _ in far]), far_e=long([e for _, e in far]),
         near_d=long([d for d, _ in near]), near_e=long([e for _, e in near]),
         crba_index=long(index), crba_scatter=scatter.to(device), local_mask=mask.to(device),
         root_mask=torch.tensor(roots, dtype=dtype, device=device).reshape(-1, 1, 1),
     )
+
+
+class LocalConstants(NamedTuple):
+    """Per-model constants of the local-point formulation (:mod:`._local`), in body frames."""
+
+    c_loc: Tensor  # (nb, 3) centre of mass of each body (massless: its origin)
+    Ic_loc: Tensor  # (nb, 3, 3) rotational inertia about the centre of mass
+    p_tree: Tensor  # (nj, 3, 1) joint placements of the centered kinematic pass
+
+
+_CONSTANTS = torch.utils.weak.WeakIdKeyDictionary()
+
+
+def local_constants(tree: KinematicTree, mt: ModelTensors) -> LocalConstants:
+    """The :class:`LocalConstants` of ``mt``; cached per model-tensor bundle (whose tensors are
+    replaced, never changed, when a parameter changes) while none of them carries a graph."""
+    key = mt.body_I
+    cacheable = not (torch.is_grad_enabled() and any(t.requires_grad for t in (mt.body_I, mt.body_h, mt.body_mass,
+                                                                              mt.p_tree)))
+    cacheable = cacheable and not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled()
+                                   or torch._C._are_functorch_transforms_active())
+    if cacheable:
+        got = _CONSTANTS.get(key)
+        if got is not None and got[0] is mt.body_h and got[1] is mt.body_mass and got[2] is mt.p_tree:
+            return got[3]
+    m, h = mt.body_mass, mt.body_h
+    c_loc = h / torch.where(m > 0, m, torch.ones_like(m))[:, None]
+    # I_c = I_o - m (|c|^2 1 - c c^T), with m c = h.
+    Ic_loc = torch.addcmul(mt.body_I, h[:, :, None], c_loc[:, None, :]) - \
+        (h * c_loc).sum(-1)[:, None, None] * torch.eye(3, dtype=m.dtype, device=m.device)
+    p_tree = mt.p_tree
+    if not tree.nfree:
+        # Bodies hanging from the world are placed relative to body 0's joint: its own offset
+        # becomes an exact zero, the others' the (constant, small) differences of the offsets.
+        p_tree = p_tree - local_tables(tree, p_tree.dtype, p_tree.device).root_mask * p_tree[:1]
+    out = LocalConstants(c_loc, Ic_loc, p_tree)
+    if cacheable and not any(t.requires_grad for t in out):
+        _CONSTANTS[key] = (mt.body_h, mt.body_mass, mt.p_tree, out)
+    return out
 
 
 # ---------------------------------------------------------------- the kinematic pass
@@ -320,11 +363,7 @@ def body_placements(tree: KinematicTree, mt: ModelTensors, qT: Tensor, centered:
     s = qj.sin()[:, None, None]
     c1 = (1.0 - qj.cos())[:, None, None]
     R_loc = torch.addcmul(torch.addcmul(mt.A0, s, mt.A1), c1, mt.A2)  # (nj, 3, 3, B)
-    p_tree = mt.p_tree
-    if centered and not tree.nfree:
-        # Bodies hanging from the world are placed relative to body 0's joint: its own offset
-        # becomes an exact zero, the others' the (constant, small) differences of the offsets.
-        p_tree = p_tree - local_tables(tree, p_tree.dtype, p_tree.device).root_mask * p_tree[:1]
+    p_tree = local_constants(tree, mt).p_tree if centered else mt.p_tree
     # lin_dir is exactly zero on revolute joints, whatever the parameters.
     p_loc = torch.addcmul(p_tree, mt.lin_dir, qj[:, None]) if tree.any_prismatic else p_tree  # (nj, 3, B|1)
     base_p = qT[:3] if not centered else torch.zeros_like(qT[:3])

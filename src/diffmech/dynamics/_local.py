@@ -38,6 +38,7 @@ from ._common import (
     TreeState,
     cross,
     force_cross,
+    local_constants,
     local_tables,
     masks,
     mm,
@@ -72,14 +73,9 @@ class ComInertia(NamedTuple):
     Ic: Tensor  # (nb, 3, 3, B) rotational inertia about the centre of mass
 
 
-def com_inertia(ts: TreeState) -> ComInertia:
+def com_inertia(tree: KinematicTree, ts: TreeState) -> ComInertia:
     """The bodies' inertias about their centres of mass (massless bodies: COM at the origin)."""
-    mt = ts.mt
-    m = mt.body_mass
-    c_loc = mt.body_h / torch.where(m > 0, m, torch.ones_like(m))[:, None]  # body frame
-    eye = torch.eye(3, dtype=m.dtype, device=m.device)
-    Ic_loc = mt.body_I - (m[:, None, None] * (c_loc * c_loc).sum(-1)[:, None, None]) * eye + \
-        mt.body_h[:, :, None] * c_loc[:, None, :]
+    c_loc, Ic_loc, _ = local_constants(tree, ts.mt)
     if small_batch(ts.R):
         R = ts.R.permute(0, 3, 1, 2)  # (nb, B, 3, 3)
         off = (R @ c_loc[:, None, :, None])[..., 0].permute(0, 2, 1)
@@ -87,7 +83,7 @@ def com_inertia(ts: TreeState) -> ComInertia:
     else:
         off = mv(ts.R, c_loc[..., None])
         Ic = mm(mm(ts.R, Ic_loc[..., None]), ts.R.transpose(1, 2))
-    return ComInertia(m=m[:, None], off=off, c=ts.p + off, Ic=Ic)
+    return ComInertia(m=ts.mt.body_mass[:, None], off=off, c=ts.p + off, Ic=Ic)
 
 
 def body_inertia(ts: TreeState) -> RigidInertia:
@@ -153,13 +149,12 @@ def external_forces(tree: KinematicTree, ts: TreeState, f_ext: Tensor, off: Tens
 def subtree_forces(ts: TreeState, ci: ComInertia, f: Tensor, n: Tensor, lt: LocalTables) -> Tensor:
     """The sum of the forces ``(f; n) (nb, 3, B)`` (moments about the centres of mass) over each
     body's subtree, about that body's origin: ``(nb, 6, B)``."""
-    own = torch.cat([f, n + cross(ci.off, f)], dim=1)
-    if not lt.npairs:
-        return own
-    fd = f.index_select(0, lt.desc)
-    s = ci.c.index_select(0, lt.desc) - ts.p.index_select(0, lt.anc)  # COM of the descendant - ancestor origin
-    moved = torch.cat([fd, n.index_select(0, lt.desc) + cross(s, fd)], dim=1)
-    return own + segment_sum(moved, lt.anc, lt.sum_anc)
+    F = torch.cat([f, n], dim=1).index_select(0, lt.desc)
+    fd = F[:, :3]
+    # COM of the descendant minus the ancestor's origin; the origins' difference is exactly zero
+    # for a body and itself, so its own lever keeps all the digits of its COM offset.
+    s = ci.off.index_select(0, lt.desc) + (ts.p.index_select(0, lt.desc) - ts.p.index_select(0, lt.anc))
+    return segment_sum(torch.cat([fd, F[:, 3:] + cross(s, fd)], dim=1), lt.anc, lt.sum_anc)
 
 
 def translated(m: Tensor, h: Tensor, I: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:

@@ -271,7 +271,7 @@ def _solve_crba(tree: KinematicTree, mt: ModelTensors, q, v, tau, f_ext, passive
     """``qdd (B, nv)`` from the mass matrix and the bias forces, the LU factors of ``M``, and the
     centered kinematic pass (with ``None`` for the world inertias, which it does not need)."""
     ts = tree_state(tree, mt, q, centered=True)
-    inertia = com_inertia(ts)
+    inertia = com_inertia(tree, ts)
     M = crba_bl(tree, ts, inertia)
     h = rnea_bl(tree, ts, q.transpose(0, 1), v.transpose(0, 1), None, f_ext, passive, inertia).transpose(0, 1)
     # LU, not Cholesky: with two threads MKL's potrf stalls for milliseconds whenever the other core

@@ -40,54 +40,55 @@ def crba_flat(tree: KinematicTree, mt: ModelTensors, q: Tensor, ts: TreeState | 
     """
     if ts is None:
         ts = tree_state(tree, mt, q, centered=True)
-    return crba_bl(tree, ts, com_inertia(ts))
+    return crba_bl(tree, ts, com_inertia(tree, ts))
 
 
 def crba_bl(tree: KinematicTree, ts: TreeState, ci: ComInertia) -> Tensor:
-    """CRBA from a kinematic pass ``ts`` and the body inertias ``ci = com_inertia(ts)`` ->
+    """CRBA from a kinematic pass ``ts`` and the body inertias ``ci = com_inertia(tree, ts)`` ->
     ``M (B, nv, nv)``."""
     S = ts.S
     lt = tables_of(tree, S)
     tb = tree.tables(S.dtype, S.device)
-    Sl = local_columns(ts, lt)
     j0, nf = tree.v_joint_start, tree.nfree
+    local = tree.any_prismatic or nf  # whether some columns have a linear part at their body's origin
+    Sl = local_columns(ts, lt) if local else None
     # F_j = Ic_j S_j about the origin o_j of joint j's body, summed over the bodies b of its
     # subtree: b's centre of mass moves with v = lin_j + w_j x s (s = c_b - o_j), so b's force is
     # f = m v and its moment about o_j is s x f + I_c w_j. Formed as s x (m (w x s)), each
     # parallel-axis term keeps its digits even where |w x s| is much smaller than |s|.
-    w = Sl[j0:, 3:]
-    s = ci.off[nf:]
-    v = cross(w, s)
+    w = S[j0:, 3:]  # angular parts: the same at every point
+    wp = w.index_select(0, lt.jp_joint)
+    # The origins' difference is exactly zero for a body and itself (see subtree_forces).
+    sp = ci.off.index_select(0, lt.jp_body) + (ts.p.index_select(0, lt.jp_body) - ts.p.index_select(0, lt.jp_anc))
+    vp = cross(wp, sp)
     if tree.any_prismatic:
-        v = v + Sl[j0:, :3]
-    f = ci.m[nf:, :, None] * v
-    n = cross(s, f) + mv(tree_sum(tb.mask_db[j0:], ci.Ic), w)  # I_c summed over the subtree
-    if lt.jp_joint.numel():
-        wp = w.index_select(0, lt.jp_joint)
-        sp = ci.c.index_select(0, lt.jp_body) - ts.p[nf:].index_select(0, lt.jp_joint)
-        vp = cross(wp, sp)
-        if tree.any_prismatic:
-            vp = vp + Sl[j0:, :3].index_select(0, lt.jp_joint)
-        fp = ci.m.index_select(0, lt.jp_body)[..., None] * vp
-        F = torch.cat([f, n], dim=1) + segment_sum(torch.cat([fp, cross(sp, fp)], dim=1), lt.jp_joint, lt.jp_sum)
-    else:
-        F = torch.cat([f, n], dim=1)
+        vp = vp + Sl[j0:, :3].index_select(0, lt.jp_joint)
+    fp = ci.m.index_select(0, lt.jp_body)[..., None] * vp
+    Fp = segment_sum(torch.cat([fp, cross(sp, fp)], dim=1), lt.jp_joint, lt.jp_sum)  # (nj, 6, B)
+    f = Fp[:, :3]
+    n = Fp[:, 3:] + mv(tree_sum(tb.mask_db[j0:], ci.Ic), w)  # + I_c summed over the subtree
     if nf:
         # The base carries the whole robot: its composite inertia about its origin o_0 (0 when
         # centered), each body's moved there. Its entries are large, so no digits are lost.
         h0, I0 = translated(ci.m, torch.zeros_like(ci.c), ci.Ic, ci.c - ts.p[:1])
         Ic0 = RigidInertia(m=ci.m.sum(0, keepdim=True), h=h0.sum(0, keepdim=True), I=I0.sum(0, keepdim=True))
-        F = torch.cat([Ic0.apply(Sl[:6]), F])
-    # M[d, e] = S_d . F_e. DoFs of one body meet at its origin; others at the world origin, where
-    # the moments cancel only as much as the lever between the two bodies does.
-    near = (Sl.index_select(0, lt.near_d) * F.index_select(0, lt.near_e)).sum(1)
-    if lt.far_d.numel():
-        F_O = torch.cat([F[:, :3], F[:, 3:] + cross(ts.p.index_select(0, tb.dof_body), F[:, :3])], dim=1)
-        far = (S.index_select(0, lt.far_d) * F_O.index_select(0, lt.far_e)).sum(1)
-        vals = torch.cat([far, near])
+        F = torch.cat([Ic0.apply(Sl[:6]), torch.cat([f, n], dim=1)])  # (nv, 6, B)
+        near = (Sl.index_select(0, lt.near_d) * F.index_select(0, lt.near_e)).sum(1)
+        p = ts.p.index_select(0, tb.dof_body)
+        f, n = F[:, :3], F[:, 3:]
     else:
-        vals = near
-    return symmetric(tree, lt, vals)
+        # M[d, e] = S_d . F_e. DoFs of one body (here: d = e) meet at its origin.
+        near = (w * n).sum(1)
+        if tree.any_prismatic:
+            near = near + (Sl[:, :3] * f).sum(1)
+        p = ts.p
+    if not lt.far_d.numel():
+        return symmetric(tree, lt, near)
+    # Others at the world origin, where the moments cancel only as much as the lever between the
+    # two bodies does (its rounding is that of the positions either way).
+    F_O = torch.cat([f, n + cross(p, f)], dim=1)
+    far = (S.index_select(0, lt.far_d) * F_O.index_select(0, lt.far_e)).sum(1)
+    return symmetric(tree, lt, torch.cat([far, near]))
 
 
 def symmetric(tree: KinematicTree, lt: LocalTables, vals: Tensor) -> Tensor:

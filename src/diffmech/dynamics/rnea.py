@@ -61,12 +61,12 @@ def rnea_bl(
     """Batch-last RNEA: ``qT (nq, B), vT (nv, B), aT (nv, B) -> tau (nv, B)``.
 
     ``aT=None`` stands for zero accelerations (the bias forces ``h``); ``inertia`` is
-    ``com_inertia(ts)`` when the caller already has it. ``ts`` should be centered
+    ``com_inertia(tree, ts)`` when the caller already has it. ``ts`` should be centered
     (``tree_state(..., centered=True)``) for float32 accuracy far from the origin.
     """
     mt = ts.mt
     S = ts.S  # (nv, 6, B) at the world origin
-    ci = com_inertia(ts) if inertia is None else inertia
+    ci = com_inertia(tree, ts) if inertia is None else inertia
     lt = tables_of(tree, vT)
     mask_bd, _ = masks(tree, vT)
     Sv = S * vT[:, None]
