@@ -133,7 +133,7 @@ def mv_small(M: Tensor, x: Tensor) -> Tensor:
 
 def cross(a: Tensor, b: Tensor) -> Tensor:
     """Cross product over the component dimension ``-2`` of ``(..., 3, B)`` tensors."""
-    if max(a.shape[-1], b.shape[-1]) < 256:
+    if max(a.shape[-1], b.shape[-1]) < 256 or max(a.numel(), b.numel()) <= 4096:
         return torch.linalg.cross(a, b, dim=-2)
     # linalg.cross strides across rows of B values; by components it is ~2x faster for long rows.
     a1, a2, a3 = a.unbind(-2)
@@ -220,13 +220,16 @@ class LocalTables:
             (itself included); ``npairs`` their number.
         sum_anc: (nb, npairs) 0/1: ``sum_anc @ x`` sums per-pair values ``x`` over each body's
             subtree (``anc`` is the same sum as an index).
-        jp_joint, jp_anc, jp_body: (njp,) long, the pairs whose ``anc`` is a one-DoF body: its
-            joint (``0..nj-1``), the body and the descendant; ``jp_sum`` (nj, njp) 0/1 sums over
-            each joint's pairs.
+        jp_pair, jp_joint, jp_body: (njp,) long, the pairs whose ``anc`` is a one-DoF body: their
+            row in the pairs above, the joint (``0..nj-1``) and the descendant; ``jp_sum``
+            (nj, njp) 0/1 sums over each joint's pairs.
         far_d, far_e / near_d, near_e: (k,) long, the mass-matrix pairs ``(d, e)`` (``d``'s body at
             or above ``e``'s) whose DoFs move different bodies / the same body.
         crba_index: flat ``(nv * nv)`` positions of the far pairs, the near pairs, then the far
             pairs transposed; ``crba_scatter`` (nv * nv, far + near) the same as a 0/1 matrix.
+        parent: (nb,) long, each body's parent (a body hanging from the world: itself).
+        levels: per ABA depth (deepest first, below a floating base), its bodies as a long tensor
+            (``None`` for a single body).
         local_mask: (nv, 6, 1) keeps the rows of a world-origin motion column that it has at its
             own body's origin: the angular rows, and the linear rows of prismatic and base-linear DoFs.
         root_mask: (nj, 1, 1) ``1`` on bodies hanging from the world (fixed base), else ``0``.
@@ -236,8 +239,8 @@ class LocalTables:
     desc: Tensor
     npairs: int
     sum_anc: Tensor
+    jp_pair: Tensor
     jp_joint: Tensor
-    jp_anc: Tensor
     jp_body: Tensor
     jp_sum: Tensor
     far_d: Tensor
@@ -246,6 +249,8 @@ class LocalTables:
     near_e: Tensor
     crba_index: Tensor
     crba_scatter: Tensor
+    parent: Tensor
+    levels: tuple
     local_mask: Tensor
     root_mask: Tensor
 
@@ -279,7 +284,8 @@ def _make_local_tables(tree: KinematicTree, dtype: torch.dtype, device: torch.de
     sum_anc = torch.zeros(nb, len(pairs), dtype=dtype)
     for k, (a, _) in enumerate(pairs):
         sum_anc[a, k] = 1
-    jpairs = [(a - tree.nfree, b) for a, b in pairs if a >= tree.nfree]
+    jrows = [k for k, (a, _) in enumerate(pairs) if a >= tree.nfree]
+    jpairs = [(pairs[k][0] - tree.nfree, pairs[k][1]) for k in jrows]
     jp_sum = torch.zeros(nj, len(jpairs), dtype=dtype)
     for k, (j, _) in enumerate(jpairs):
         jp_sum[j, k] = 1
@@ -300,11 +306,15 @@ def _make_local_tables(tree: KinematicTree, dtype: torch.dtype, device: torch.de
     return LocalTables(
         anc=long([a for a, _ in pairs]), desc=long([b for _, b in pairs]), npairs=len(pairs),
         sum_anc=sum_anc.to(device),
-        jp_joint=long([j for j, _ in jpairs]), jp_anc=long([j + tree.nfree for j, _ in jpairs]),
-        jp_body=long([b for _, b in jpairs]), jp_sum=jp_sum.to(device),
+        jp_pair=long(jrows), jp_joint=long([j for j, _ in jpairs]), jp_body=long([b for _, b in jpairs]),
+        jp_sum=jp_sum.to(device),
         far_d=long([d for d, _ in far]), far_e=long([e for _, e in far]),
         near_d=long([d for d, _ in near]), near_e=long([e for _, e in near]),
-        crba_index=long(index), crba_scatter=scatter.to(device), local_mask=mask.to(device),
+        crba_index=long(index), crba_scatter=scatter.to(device),
+        parent=long([b if a < 0 else a for b, a in enumerate(par)]),
+        levels=tuple(None if len(idx) == 1 else long(idx) for idx, _ in reversed(tree.levels)
+                     if not (tree.nfree and idx == (0,))),
+        local_mask=mask.to(device),
         root_mask=torch.tensor(roots, dtype=dtype, device=device).reshape(-1, 1, 1),
     )
 
@@ -366,7 +376,7 @@ def body_placements(tree: KinematicTree, mt: ModelTensors, qT: Tensor, centered:
     p_tree = local_constants(tree, mt).p_tree if centered else mt.p_tree
     # lin_dir is exactly zero on revolute joints, whatever the parameters.
     p_loc = torch.addcmul(p_tree, mt.lin_dir, qj[:, None]) if tree.any_prismatic else p_tree  # (nj, 3, B|1)
-    base_p = qT[:3] if not centered else torch.zeros_like(qT[:3])
+    base_p = (qT[:3] if not centered else torch.zeros_like(qT[:3])) if tree.nfree else None
     if small_batch(qT):
         return _placements_by_jumping(tree, qT, R_loc, p_loc, base_p)
     Rs: list[Tensor] = [None] * tree.nb  # type: ignore[list-item]

@@ -21,7 +21,7 @@ its distance from the origin:
   and is projected on joint ``a`` there.
 
 ABA keeps each body's spatial inertia about the body's own origin (:func:`body_inertia`) and
-passes articulated inertias to the parent by a pure translation (:func:`translate_articulated`).
+passes articulated inertias to the parent by a pure translation (:class:`Shift`, :func:`translate_inertia`).
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ class ComInertia(NamedTuple):
     off: Tensor  # (nb, 3, B) centre of mass minus body origin
     c: Tensor  # (nb, 3, B) centre of mass
     Ic: Tensor  # (nb, 3, 3, B) rotational inertia about the centre of mass
+    s: Tensor  # (npairs, 3, B) levers: the descendant's centre of mass minus the ancestor's origin
 
 
 def com_inertia(tree: KinematicTree, ts: TreeState) -> ComInertia:
@@ -83,7 +84,11 @@ def com_inertia(tree: KinematicTree, ts: TreeState) -> ComInertia:
     else:
         off = mv(ts.R, c_loc[..., None])
         Ic = mm(mm(ts.R, Ic_loc[..., None]), ts.R.transpose(1, 2))
-    return ComInertia(m=ts.mt.body_mass[:, None], off=off, c=ts.p + off, Ic=Ic)
+    lt = tables_of(tree, off)
+    # The origins' difference is exactly zero for a body and itself, so its own lever keeps all
+    # the digits of its COM offset.
+    s = off.index_select(0, lt.desc) + (ts.p.index_select(0, lt.desc) - ts.p.index_select(0, lt.anc))
+    return ComInertia(m=ts.mt.body_mass[:, None], off=off, c=ts.p + off, Ic=Ic, s=s)
 
 
 def body_inertia(ts: TreeState) -> RigidInertia:
@@ -146,15 +151,12 @@ def external_forces(tree: KinematicTree, ts: TreeState, f_ext: Tensor, off: Tens
     return out[:, :3], out[:, 3:]
 
 
-def subtree_forces(ts: TreeState, ci: ComInertia, f: Tensor, n: Tensor, lt: LocalTables) -> Tensor:
+def subtree_forces(ci: ComInertia, f: Tensor, n: Tensor, lt: LocalTables) -> Tensor:
     """The sum of the forces ``(f; n) (nb, 3, B)`` (moments about the centres of mass) over each
     body's subtree, about that body's origin: ``(nb, 6, B)``."""
     F = torch.cat([f, n], dim=1).index_select(0, lt.desc)
     fd = F[:, :3]
-    # COM of the descendant minus the ancestor's origin; the origins' difference is exactly zero
-    # for a body and itself, so its own lever keeps all the digits of its COM offset.
-    s = ci.off.index_select(0, lt.desc) + (ts.p.index_select(0, lt.desc) - ts.p.index_select(0, lt.anc))
-    return segment_sum(torch.cat([fd, F[:, 3:] + cross(s, fd)], dim=1), lt.anc, lt.sum_anc)
+    return segment_sum(torch.cat([fd, F[:, 3:] + cross(ci.s, fd)], dim=1), lt.anc, lt.sum_anc)
 
 
 def translated(m: Tensor, h: Tensor, I: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:
@@ -190,31 +192,78 @@ def local_terms(tree: KinematicTree, ts: TreeState, vT: Tensor, f_ext: Tensor | 
     return LocalTerms(inertia, local_columns(ts, tables_of(tree, vT)), V, bias)
 
 
-def translate_articulated(Ia: Tensor, r: Tensor) -> Tensor:
-    """A symmetric ``(..., 6, 6, B)`` inertia about a point ``o`` moved to the point ``o - r``
-    (``r (..., 3, B)``): ``X^T Ia X`` with ``X = [[1, -[r]], [0, 1]]``.
+class Shift(NamedTuple):
+    """The translations from bodies to their parents' origins, ``r = o_b - o_parent (..., 3, B)``;
+    for small batches also as motion transforms ``X = [[1, -[r]], [0, 1]] (..., B, 6, 6)``
+    (batched matrix products then replace a dozen elementwise operations)."""
 
-    In blocks ``[[A, Bm], [Bm^T, C]]``: ``A`` stays; ``Bm' = Bm + ([r] A)^T``;
-    ``C' = C + [r] Bm + ([r] Bm)^T + [r] ([r] A)^T``.
-    """
-    A = Ia[..., :3, :3, :]
-    Bm = Ia[..., :3, 3:, :]
-    C = Ia[..., 3:, 3:, :]
-    rc = r.unsqueeze(-2)  # (..., 3, 1, B): crossed with every column
-    T1t = torch.linalg.cross(rc, A, dim=-3).transpose(-3, -2)  # ([r] A)^T
-    T2 = torch.linalg.cross(rc, Bm, dim=-3)
-    B2 = Bm + T1t
-    C2 = C + T2 + T2.transpose(-3, -2) + torch.linalg.cross(rc, T1t, dim=-3)
-    return torch.cat([torch.cat([A, B2], dim=-2), torch.cat([B2.transpose(-3, -2), C2], dim=-2)], dim=-3)
+    r: Tensor
+    X: Tensor | None = None
+
+    def select(self, idx: Tensor | int) -> Shift:
+        """The shifts of some bodies: an index (a single body drops the body dimension) or a
+        long tensor of bodies."""
+        if isinstance(idx, int):
+            return Shift(self.r[idx], None if self.X is None else self.X[idx])
+        return Shift(self.r.index_select(0, idx), None if self.X is None else self.X.index_select(0, idx))
+
+    def force_up(self, f: Tensor) -> Tensor:
+        """Forces ``(..., 6, B)`` about the bodies' origins, about their parents' origins."""
+        if self.X is not None:
+            return (self.X.transpose(-1, -2) @ f.movedim(-1, -2)[..., None])[..., 0].movedim(-2, -1)
+        fl = f[..., :3, :]
+        return torch.cat([fl, f[..., 3:, :] + cross(self.r, fl)], dim=-2)
+
+    def motion_down(self, a: Tensor) -> Tensor:
+        """Motions ``(..., 6, B)`` at the parents' origins, at the bodies' origins."""
+        if self.X is not None:
+            return (self.X @ a.movedim(-1, -2)[..., None])[..., 0].movedim(-2, -1)
+        w = a[..., 3:, :]
+        return torch.cat([a[..., :3, :] + cross(w, self.r), w], dim=-2)
+
+    def inertia_up(self, Ia: Tensor) -> Tensor:
+        """A symmetric ``(..., 6, 6, B)`` inertia about the bodies' origins, about their parents':
+        ``X^T Ia X``."""
+        if self.X is not None:
+            return (self.X.transpose(-1, -2) @ Ia.movedim(-1, -3) @ self.X).movedim(-3, -1)
+        return translate_inertia(Ia, self.r)
 
 
-def force_to_parent(f: Tensor, r: Tensor) -> Tensor:
-    """Forces ``(..., 6, B)`` about a point ``o`` taken about ``o - r``: ``(f; n + r x f)``."""
-    fl = f[..., :3, :]
-    return torch.cat([fl, f[..., 3:, :] + cross(r, fl)], dim=-2)
+def parent_shifts(tree: KinematicTree, ts: TreeState) -> Shift:
+    """:class:`Shift` of every body (zero for bodies hanging from the world)."""
+    p = ts.p
+    r = p - p.index_select(0, tables_of(tree, p).parent)
+    if not small_batch(p):
+        return Shift(r)
+    rb = r.permute(0, 2, 1)  # (nb, B, 3)
+    eye = torch.eye(3, dtype=p.dtype, device=p.device)
+    skew = torch.linalg.cross(rb[..., :, None].expand(*rb.shape, 3), eye.expand(*rb.shape, 3), dim=-2)  # [r]
+    top = torch.cat([eye.expand_as(skew), -skew], dim=-1)
+    bottom = torch.cat([torch.zeros_like(skew), eye.expand_as(skew)], dim=-1)
+    return Shift(r, torch.cat([top, bottom], dim=-2))
 
 
-def motion_to_child(a: Tensor, r: Tensor) -> Tensor:
-    """Motions ``(..., 6, B)`` at a point ``o`` seen at ``o + r``: ``(v + w x r; w)``."""
-    w = a[..., 3:, :]
-    return torch.cat([a[..., :3, :] + cross(w, r), w], dim=-2)
+def skew_mul(r: Tensor, M: Tensor) -> Tensor:
+    """``[r] M`` for ``r (..., 3, B)`` and ``M (..., 3, 3, B)``: ``r`` crossed with each column."""
+    if r.shape[-1] < 256:
+        return torch.linalg.cross(r.unsqueeze(-2), M, dim=-3)
+    rx, ry, rz = r.unsqueeze(-2).unbind(-3)  # (..., 1, B)
+    Mx, My, Mz = M.unbind(-3)  # rows (..., 3, B)
+    return torch.stack([torch.addcmul(ry * Mz, rz, My, value=-1), torch.addcmul(rz * Mx, rx, Mz, value=-1),
+                        torch.addcmul(rx * My, ry, Mx, value=-1)], dim=-3)
+
+
+def translate_inertia(Ia: Tensor, r: Tensor) -> Tensor:
+    """A symmetric ``(..., 6, 6, B)`` inertia about a point ``o``, moved to the point ``o - r``
+    (``r (..., 3, B)``): ``X^T Ia X`` with ``X = 1 + N``, ``N = [[0, -[r]], [0, 0]]``.
+
+    ``N^T Ia = K``, the matrix whose lower rows are ``[r]`` times the upper rows ``[A | Bm]`` of
+    ``Ia`` and whose upper rows are zero, so ``X^T Ia X = Ia + K + K^T + N^T Ia N`` with
+    ``N^T Ia N = [[0, 0], [0, [r] ([r] A)^T]]``."""
+    P = skew_mul(r, Ia[..., :3, :, :])  # (..., 3, 6, B): [r] [A | Bm]
+    T3 = skew_mul(r, P[..., :, :3, :].transpose(-3, -2))
+    out = Ia.clone()  # then three in-place additions touch only the blocks that change
+    out[..., 3:, :, :] += P
+    out[..., :, 3:, :] += P.transpose(-3, -2)
+    out[..., 3:, 3:, :] += T3
+    return out

@@ -36,13 +36,14 @@ from ._common import (
     as_state,
     bind,
     f_ext_entry,
+    cross,
     gravity_acceleration,
     mm,
     motion_cross,
     mv,
     tree_state,
 )
-from ._local import com_inertia, force_to_parent, local_terms, motion_to_child, translate_articulated
+from ._local import Shift, com_inertia, local_terms, parent_shifts, tables_of
 from .crba import crba_bl
 from .rnea import rnea_bl, rnea_flat
 from .rnea_vjp import rnea_state_vjp
@@ -71,7 +72,7 @@ class _Level(NamedTuple):
     u: Tensor  # (k, B)
     S: Tensor  # (k, 6, B) motion columns at the bodies' origins
     c: Tensor  # (k, 6, B) velocity-product acceleration
-    r: Tensor | None  # (k, 3, B) body origin minus parent origin (None: bodies hanging from the world)
+    shift: Shift | None  # to the parents' origins (None: bodies hanging from the world)
 
 
 class _Factors(NamedTuple):
@@ -81,6 +82,9 @@ class _Factors(NamedTuple):
     root: tuple[Tensor, Tensor, Tensor] | None  # floating base: (S0 (6 comp, 6 dof, B), U0, D0)
     # The centered kinematic pass at q, and the world inertias (world_inertia(ts)) if computed.
     kinematics: tuple[TreeState, RigidInertia | None]
+    # Small batches (:func:`_aba_small`): every tensor batch-first, ``(k, B, ...)``, the shifts
+    # as transforms ``X``; the root as ``(S0 (B, 6 comp, 6 dof), U0, D0)``.
+    batch_first: bool = False
 
 
 def _aba(tree: KinematicTree, mt: ModelTensors, q: Tensor, v: Tensor, tau: Tensor, f_ext, passive: bool
@@ -93,54 +97,30 @@ def _aba(tree: KinematicTree, mt: ModelTensors, q: Tensor, v: Tensor, tau: Tenso
     c = motion_cross(dof_V, S * vT[:, None])  # (nv, 6, B): d/dt S_d = V_body(d) x S_d
     if passive:
         tauT = add_passive(tree, mt, tauT, q.transpose(0, 1), vT, 1.0)
-    IA = list(lt.inertia.matrix().unbind(0))
-    pA = list(lt.bias.unbind(0))
-    p = ts.p
-    off = tree.nfree
-    levels: list[_Level] = []
-    for idx, par, dofs in level_structure(tree):
-        single = len(idx) == 1
-        if single:
-            Il, pl = IA[idx[0]], pA[idx[0]]
-        else:
-            Il, pl = torch.stack([IA[b] for b in idx]), torch.stack([pA[b] for b in idx])
-        Sl, cl, tl = S[dofs], c[dofs], tauT[dofs]
-        U = mv(Il, Sl)
-        D = (Sl * U).sum(-2)
-        Ud = U / D[..., None, :]
-        u = tl - (Sl * pl).sum(-2)
-        Ia = torch.addcmul(Il, U[..., :, None, :], Ud[..., None, :, :], value=-1)
-        pa = torch.addcmul(pl + mv(Ia, cl), Ud, u[..., None, :])
-        r = None
-        if par[0] >= 0:  # move to the parents' origins, then add
-            r = p[idx[0]] - p[par[0]] if single else p[list(idx)] - p[list(par)]
-            Ia, pa = translate_articulated(Ia, r), force_to_parent(pa, r)
-            if single:
-                IA[par[0]] = IA[par[0]] + Ia
-                pA[par[0]] = pA[par[0]] + pa
-            else:
-                for k, pb in enumerate(par):
-                    IA[pb] = IA[pb] + Ia[k]
-                    pA[pb] = pA[pb] + pa[k]
-        levels.append(_Level(idx, par, dofs, U, D, Ud, u, Sl, cl, r))
+    shifts = parent_shifts(tree, ts)
+    if shifts.X is not None:
+        a_w = gravity_acceleration(mt).transpose(0, 1).expand(q.shape[0], 6)
+        qdd, levels, root = _aba_small(tree, lt.inertia, lt.bias, S, c, tauT, shifts, a_w)
+        return qdd, _Factors(levels, root, (ts, None), batch_first=True)
+    levels, IA0, pA0 = _sweep(tree, lt.inertia, lt.bias, S, c, tauT, shifts)
 
     B = q.shape[0]
     a_world = gravity_acceleration(mt).expand(6, B)  # a pure linear acceleration: the same at every point
     A: list[Tensor] = [None] * tree.nb  # type: ignore[list-item]
     pieces: list[Tensor] = []
     root = None
-    if off:
+    if tree.nfree:
         S0 = S[:6].transpose(0, 1)  # (6 components, 6 dofs, B)
-        U0 = mm(IA[0], S0)
+        U0 = mm(IA0, S0)
         D0 = mm(S[:6], U0)
-        rhs = tauT[:6] - mv(S[:6], pA[0]) - mv(U0.transpose(0, 1), a_world)
+        rhs = tauT[:6] - mv(S[:6], pA0) - mv(U0.transpose(0, 1), a_world)
         q0 = _solve6(D0, rhs)
         A[0] = a_world + mv(S0, q0)
         pieces.append(q0)
         root = (S0, U0, D0)
     for lv in reversed(levels):
         ap = _parent_accel(A, lv.par, a_world)
-        apc = (ap if lv.r is None else motion_to_child(ap, lv.r)) + lv.c
+        apc = (ap if lv.shift is None else lv.shift.motion_down(ap)) + lv.c
         ql = (lv.u - (lv.U * apc).sum(-2)) / lv.D
         Al = torch.addcmul(apc, lv.S, ql[..., None, :])
         if len(lv.idx) == 1:
@@ -152,6 +132,122 @@ def _aba(tree: KinematicTree, mt: ModelTensors, q: Tensor, v: Tensor, tau: Tenso
             pieces.append(ql)
     qdd = torch.cat(pieces, 0)[list(tree.aba_gather)]  # (nv, B) in DoF order
     return qdd.transpose(0, 1), _Factors(levels, root, (ts, None))
+
+
+def _aba_small(tree: KinematicTree, inertia: RigidInertia, bias: Tensor, S: Tensor, c: Tensor, tauT: Tensor,
+               shifts: Shift, a_w: Tensor) -> tuple[Tensor, list[_Level], tuple | None]:
+    """ABA for small batches, batch-first: every product of a 6x6 matrix is one batched matrix
+    product, and a shift to the parent's origin two (``X^T Ia X``). Returns ``qdd (B, nv)``, the
+    levels and the root factors (batch-first, see :class:`_Factors`); ``a_w (B, 6)`` is the
+    acceleration that stands in for gravity."""
+    IA = list(inertia.full.permute(0, 3, 1, 2).unbind(0))  # (B, 6, 6) about each body's origin
+    pA = list(bias.permute(0, 2, 1).unbind(0))  # (B, 6)
+    Sb, cb, tb = S.permute(0, 2, 1), c.permute(0, 2, 1), tauT  # (nv, B, 6), (nv, B, 6), (nv, B)
+    X = shifts.X  # (nb, B, 6, 6)
+    levels: list[_Level] = []
+    for (idx, par, dofs), index in zip(level_structure(tree), tables_of(tree, S).levels):
+        single = len(idx) == 1
+        if single:
+            Il, pl = IA[idx[0]], pA[idx[0]]
+        else:
+            Il, pl = torch.stack([IA[b] for b in idx]), torch.stack([pA[b] for b in idx])
+        Sl, cl, tl = Sb[dofs], cb[dofs], tb[dofs]
+        U = (Il @ Sl[..., None])[..., 0]
+        D = (Sl * U).sum(-1)
+        Ud = U / D[..., None]
+        u = tl - (Sl * pl).sum(-1)
+        Ia = torch.addcmul(Il, U[..., :, None], Ud[..., None, :], value=-1)
+        pa = torch.addcmul(pl + (Ia @ cl[..., None])[..., 0], Ud, u[..., None])
+        Xl = None
+        if par[0] >= 0:  # move to the parents' origins, then add
+            Xl = X[idx[0]] if single else X.index_select(0, index)
+            Xt = Xl.transpose(-1, -2)
+            Ia, pa = Xt @ Ia @ Xl, (Xt @ pa[..., None])[..., 0]
+            if single:
+                IA[par[0]] = IA[par[0]] + Ia
+                pA[par[0]] = pA[par[0]] + pa
+            else:
+                for k, pb in enumerate(par):
+                    IA[pb] = IA[pb] + Ia[k]
+                    pA[pb] = pA[pb] + pa[k]
+        levels.append(_Level(idx, par, dofs, U, D, Ud, u, Sl, cl, None if Xl is None else Shift(None, Xl)))
+
+    A: list[Tensor] = [None] * tree.nb  # type: ignore[list-item]
+    pieces: list[Tensor] = []
+    root = None
+    if tree.nfree:
+        S0 = Sb[:6].permute(1, 2, 0)  # (B, 6 components, 6 dofs)
+        U0 = IA[0] @ S0
+        D0 = S0.transpose(-1, -2) @ U0
+        rhs = tb[:6].transpose(0, 1) - (S0.transpose(-1, -2) @ pA[0][..., None])[..., 0] - \
+            (a_w[:, None] @ U0)[:, 0]
+        q0 = torch.linalg.solve(D0, rhs)  # (B, 6)
+        A[0] = a_w + (S0 @ q0[..., None])[..., 0]
+        pieces.append(q0.transpose(0, 1))
+        root = (S0, U0, D0)
+    for lv in reversed(levels):
+        ap = _parent_accel(A, lv.par, a_w)
+        if lv.shift is not None:
+            ap = (lv.shift.X @ ap[..., None])[..., 0]
+        apc = ap + lv.c
+        ql = (lv.u - (lv.U * apc).sum(-1)) / lv.D
+        Al = torch.addcmul(apc, lv.S, ql[..., None])
+        if len(lv.idx) == 1:
+            A[lv.idx[0]] = Al
+            pieces.append(ql[None])
+        else:
+            for k, b in enumerate(lv.idx):
+                A[b] = Al[k]
+            pieces.append(ql)
+    qdd = torch.cat(pieces, 0)[list(tree.aba_gather)]  # (nv, B) in DoF order
+    return qdd.transpose(0, 1), levels, root
+
+
+def _level_shift(shifts: Shift, idx: tuple[int, ...], par: tuple[int, ...], index: Tensor | None) -> Shift | None:
+    if par[0] < 0:
+        return None
+    return shifts.select(idx[0] if index is None else index)
+
+
+def _sweep(tree: KinematicTree, inertia: RigidInertia, bias: Tensor, S: Tensor, c: Tensor, tauT: Tensor,
+           shifts: Shift) -> tuple[list[_Level], Tensor | None, Tensor | None]:
+    """ABA's inward sweep (batch-last). A revolute column ``(0; w)`` at its body's origin meets
+    only the right half of the articulated inertia."""
+    IA = list(inertia.matrix().unbind(0))
+    pA = list(bias.unbind(0))
+    prismatic = tree.is_prismatic
+    levels: list[_Level] = []
+    for (idx, par, dofs), index in zip(level_structure(tree), tables_of(tree, S).levels):
+        single = len(idx) == 1
+        if single:
+            Il, pl = IA[idx[0]], pA[idx[0]]
+        else:
+            Il, pl = torch.stack([IA[b] for b in idx]), torch.stack([pA[b] for b in idx])
+        Sl, cl, tl = S[dofs], c[dofs], tauT[dofs]
+        if any(prismatic[b - tree.nfree] for b in idx):
+            U = mv(Il, Sl)
+            D = (Sl * U).sum(-2)
+            u = tl - (Sl * pl).sum(-2)
+        else:
+            w = Sl[..., 3:, :]
+            U = mv(Il[..., 3:, :], w)
+            D = (w * U[..., 3:, :]).sum(-2)
+            u = tl - (w * pl[..., 3:, :]).sum(-2)
+        Ud = U / D[..., None, :]
+        Ia = torch.addcmul(Il, U[..., :, None, :], Ud[..., None, :, :], value=-1)
+        pa = torch.addcmul(pl + mv(Ia, cl), Ud, u[..., None, :])
+        sh = _level_shift(shifts, idx, par, index)
+        if sh is not None:  # move to the parents' origins, then add
+            Ia, pa = sh.inertia_up(Ia), sh.force_up(pa)
+            if single:
+                IA[par[0]] = IA[par[0]] + Ia
+                pA[par[0]] = pA[par[0]] + pa
+            else:
+                for k, pb in enumerate(par):
+                    IA[pb] = IA[pb] + Ia[k]
+                    pA[pb] = pA[pb] + pa[k]
+        levels.append(_Level(idx, par, dofs, U, D, Ud, u, Sl, cl, sh))
+    return levels, IA[0] if tree.nfree else None, pA[0] if tree.nfree else None
 
 
 def level_structure(tree: KinematicTree) -> list[tuple[tuple[int, ...], tuple[int, ...], list[int] | int]]:
@@ -166,9 +262,9 @@ def level_structure(tree: KinematicTree) -> list[tuple[tuple[int, ...], tuple[in
 
 
 def factor_tensors(factors: _Factors) -> list[Tensor]:
-    """The tensors of ``factors`` that :func:`factors_from` needs: ``U, D, S`` and the levers
+    """The tensors of ``factors`` that :func:`factors_from` needs: ``U, D, S`` and the shifts
     ``r`` of every depth (below the world), and ``S0, U0, D0`` of a floating base."""
-    out = [t for lv in factors.levels for t in (lv.U, lv.D, lv.S) + (() if lv.r is None else (lv.r,))]
+    out = [t for lv in factors.levels for t in (lv.U, lv.D, lv.S) + (() if lv.shift is None else (lv.shift.r,))]
     if factors.root is not None:
         out += list(factors.root)
     return out
@@ -182,11 +278,11 @@ def factors_from(tree: KinematicTree, ts: TreeState | None, tensors: list[Tensor
     for idx, par, dofs in level_structure(tree):
         U, D, S = tensors[k:k + 3]
         k += 3
-        r = None
+        sh = None
         if par[0] >= 0:
-            r = tensors[k]
+            sh = Shift(tensors[k])
             k += 1
-        levels.append(_Level(idx, par, dofs, U, D, U / D[..., None, :], None, S, None, r))
+        levels.append(_Level(idx, par, dofs, U, D, U / D[..., None, :], None, S, None, sh))
     root = tuple(tensors[k:k + 3]) if tree.nfree else None
     return _Factors(levels, root, (ts, None))
 
@@ -204,6 +300,8 @@ def _solve6(D0: Tensor, rhs: Tensor) -> Tensor:
 
 def apply_inverse_mass(tree: KinematicTree, factors: _Factors, g: Tensor) -> Tensor:
     """``M(q)^{-1} g`` for ``g (B, nv)`` from the factors of a previous ABA pass at ``q``."""
+    if factors.batch_first:
+        return _apply_inverse_mass_small(tree, factors, g)
     gT = g.transpose(0, 1)
     pA: list[Tensor | None] = [None] * tree.nb
     us = []
@@ -211,8 +309,8 @@ def apply_inverse_mass(tree: KinematicTree, factors: _Factors, g: Tensor) -> Ten
         pl = _stack_opt(pA, lv.idx)
         u = gT[lv.dofs] if pl is None else gT[lv.dofs] - (lv.S * pl).sum(-2)
         pa = lv.Ud * u[..., None, :] if pl is None else torch.addcmul(pl, lv.Ud, u[..., None, :])
-        if lv.r is not None:
-            pa = force_to_parent(pa, lv.r)
+        if lv.shift is not None:
+            pa = lv.shift.force_up(pa)
         for k, p in enumerate(lv.par):
             if p >= 0:
                 pk = pa if len(lv.par) == 1 else pa[k]
@@ -228,10 +326,51 @@ def apply_inverse_mass(tree: KinematicTree, factors: _Factors, g: Tensor) -> Ten
         out[:6] = x0
     for lv, u in zip(reversed(factors.levels), reversed(us)):
         ap = _stack_opt(A, lv.par)
-        if ap is not None and lv.r is not None:
-            ap = motion_to_child(ap, lv.r)
+        if ap is not None and lv.shift is not None:
+            ap = lv.shift.motion_down(ap)
         ql = u / lv.D if ap is None else (u - (lv.U * ap).sum(-2)) / lv.D
         Al = lv.S * ql[..., None, :] if ap is None else torch.addcmul(ap, lv.S, ql[..., None, :])
+        if len(lv.idx) == 1:
+            A[lv.idx[0]] = Al
+        else:
+            for k, b in enumerate(lv.idx):
+                A[b] = Al[k]
+        out[lv.dofs] = ql
+    return out.transpose(0, 1)
+
+
+def _apply_inverse_mass_small(tree: KinematicTree, factors: _Factors, g: Tensor) -> Tensor:
+    """:func:`apply_inverse_mass` from the batch-first factors of :func:`_aba_small`."""
+    gT = g.transpose(0, 1)
+    pA: list[Tensor | None] = [None] * tree.nb
+    us = []
+    for lv in factors.levels:
+        pl = _stack_opt(pA, lv.idx)
+        u = gT[lv.dofs] if pl is None else gT[lv.dofs] - (lv.S * pl).sum(-1)
+        pa = lv.Ud * u[..., None] if pl is None else torch.addcmul(pl, lv.Ud, u[..., None])
+        if lv.shift is not None:
+            pa = (lv.shift.X.transpose(-1, -2) @ pa[..., None])[..., 0]
+        for k, p in enumerate(lv.par):
+            if p >= 0:
+                pk = pa if len(lv.par) == 1 else pa[k]
+                pA[p] = pk if pA[p] is None else pA[p] + pk
+        us.append(u)
+    A: list[Tensor | None] = [None] * tree.nb
+    out = torch.empty_like(gT)
+    if factors.root is not None:
+        S0, _, D0 = factors.root
+        rhs = gT[:6].transpose(0, 1)
+        if pA[0] is not None:
+            rhs = rhs - (S0.transpose(-1, -2) @ pA[0][..., None])[..., 0]
+        x0 = torch.linalg.solve(D0, rhs)
+        A[0] = (S0 @ x0[..., None])[..., 0]
+        out[:6] = x0.transpose(0, 1)
+    for lv, u in zip(reversed(factors.levels), reversed(us)):
+        ap = _stack_opt(A, lv.par)
+        if ap is not None and lv.shift is not None:
+            ap = (lv.shift.X @ ap[..., None])[..., 0]
+        ql = u / lv.D if ap is None else (u - (lv.U * ap).sum(-1)) / lv.D
+        Al = lv.S * ql[..., None] if ap is None else torch.addcmul(ap, lv.S, ql[..., None])
         if len(lv.idx) == 1:
             A[lv.idx[0]] = Al
         else:

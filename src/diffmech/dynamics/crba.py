@@ -58,8 +58,7 @@ def crba_bl(tree: KinematicTree, ts: TreeState, ci: ComInertia) -> Tensor:
     # parallel-axis term keeps its digits even where |w x s| is much smaller than |s|.
     w = S[j0:, 3:]  # angular parts: the same at every point
     wp = w.index_select(0, lt.jp_joint)
-    # The origins' difference is exactly zero for a body and itself (see subtree_forces).
-    sp = ci.off.index_select(0, lt.jp_body) + (ts.p.index_select(0, lt.jp_body) - ts.p.index_select(0, lt.jp_anc))
+    sp = ci.s.index_select(0, lt.jp_pair) if nf else ci.s  # without a floating base, every pair is a joint's
     vp = cross(wp, sp)
     if tree.any_prismatic:
         vp = vp + Sl[j0:, :3].index_select(0, lt.jp_joint)

@@ -75,7 +75,7 @@ def rnea_bl(
     c = motion_cross(V_O[tree.tables(vT.dtype, vT.device).dof_body] if tree.nfree else V_O, Sv)
     A_O = tree_sum(mask_bd, c if aT is None else torch.addcmul(c, S, aT[:, None])) + gravity_acceleration(mt)
     f, n = com_forces(tree, ts, ci, V_O, A_O, f_ext)
-    Fs = subtree_forces(ts, ci, f, n, lt)  # (nb, 6, B) about each body's origin
+    Fs = subtree_forces(ci, f, n, lt)  # (nb, 6, B) about each body's origin
     if tree.nfree:
         Fs = Fs[tree.tables(vT.dtype, vT.device).dof_body]
     tau = (local_columns(ts, lt) * Fs).sum(1)  # project subtree forces on each joint, (nv, B)
