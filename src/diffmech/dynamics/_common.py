@@ -536,9 +536,20 @@ def masks(tree: KinematicTree, like: Tensor) -> tuple[Tensor, Tensor]:
     return tb.mask_bd, tb.mask_db
 
 
+# Up to this many products a masked sum is one elementwise product and a sum, which ATen runs on
+# the calling thread (its grain size). BLAS threads even small GEMMs (from about a thousand
+# products on), and on a loaded machine each threaded call waits for a descheduled worker: 30 ms
+# per call measured on 2 shared cores, where the elementwise form takes microseconds.
+SMALL_SUM = 32768
+
+
 def tree_sum(mask: Tensor, x: Tensor) -> Tensor:
     """``y[i] = sum_j mask[i, j] x[j]`` for ``x (n, ..., B)``: one GEMM over all trailing dims."""
-    return (mask @ x.reshape(x.shape[0], -1)).reshape(mask.shape[0], *x.shape[1:])
+    n, m = x.shape[0], mask.shape[0]
+    flat = x.reshape(n, -1)
+    if m * flat.numel() <= SMALL_SUM and not torch.compiler.is_compiling():
+        return (mask[:, :, None] * flat).sum(1).reshape(m, *x.shape[1:])
+    return (mask @ flat).reshape(m, *x.shape[1:])
 
 
 def gravity_acceleration(mt: ModelTensors) -> Tensor:

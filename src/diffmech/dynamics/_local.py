@@ -33,6 +33,7 @@ from torch import Tensor
 
 from ..model.tree import KinematicTree
 from ._common import (
+    SMALL_SUM,
     LocalTables,
     RigidInertia,
     TreeState,
@@ -111,9 +112,9 @@ def body_inertia(ts: TreeState) -> RigidInertia:
 
 def segment_sum(x: Tensor, index: Tensor, mask: Tensor) -> Tensor:
     """``y[i] = sum_{k: index[k] = i} x[k]`` for ``x (k, ..., B)``; ``mask (n, k)`` is the same sum
-    as a 0/1 matrix. A small batch takes one GEMM; a large one ``index_add`` (one pass over ``x``
-    instead of a product with a mostly-zero matrix)."""
-    if small_batch(x):
+    as a 0/1 matrix. Small sums take the mask (:func:`~._common.tree_sum`), others ``index_add``
+    (one pass over ``x`` instead of a product with a mostly-zero matrix)."""
+    if mask.shape[0] * x.numel() <= SMALL_SUM and not torch.compiler.is_compiling():
         return tree_sum(mask, x)
     return x.new_zeros(mask.shape[0], *x.shape[1:]).index_add_(0, index, x)
 
@@ -229,11 +230,19 @@ class Shift(NamedTuple):
         return translate_inertia(Ia, self.r)
 
 
-def parent_shifts(tree: KinematicTree, ts: TreeState) -> Shift:
-    """:class:`Shift` of every body (zero for bodies hanging from the world)."""
+# Largest batch for which ABA takes the batch-first path of batched 6x6 matrix products
+# (:func:`~.aba._aba_small`): its operators cost the same up to a few dozen states.
+ABA_MATRIX_MAX_BATCH = int(__import__("os").environ.get("ABA_MAX", "8"))
+
+
+def parent_shifts(tree: KinematicTree, ts: TreeState, matrices: bool | None = None) -> Shift:
+    """:class:`Shift` of every body (zero for bodies hanging from the world), with the
+    transforms ``X`` where ``matrices`` (default: for batches up to ``ABA_MATRIX_MAX_BATCH``)."""
     p = ts.p
     r = p - p.index_select(0, tables_of(tree, p).parent)
-    if not small_batch(p):
+    if matrices is None:
+        matrices = p.shape[-1] <= ABA_MATRIX_MAX_BATCH and not torch.compiler.is_compiling()
+    if not matrices:
         return Shift(r)
     rb = r.permute(0, 2, 1)  # (nb, B, 3)
     eye = torch.eye(3, dtype=p.dtype, device=p.device)
@@ -263,7 +272,8 @@ def translate_inertia(Ia: Tensor, r: Tensor) -> Tensor:
     P = skew_mul(r, Ia[..., :3, :, :])  # (..., 3, 6, B): [r] [A | Bm]
     T3 = skew_mul(r, P[..., :, :3, :].transpose(-3, -2))
     out = Ia.clone()  # then three in-place additions touch only the blocks that change
-    out[..., 3:, :, :] += P
-    out[..., :, 3:, :] += P.transpose(-3, -2)
-    out[..., 3:, 3:, :] += T3
+    lower = out.narrow(-3, 3, 3)
+    lower.add_(P)
+    out.narrow(-2, 3, 3).add_(P.transpose(-3, -2))
+    lower.narrow(-2, 3, 3).add_(T3)
     return out

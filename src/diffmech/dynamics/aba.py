@@ -36,14 +36,16 @@ from ._common import (
     as_state,
     bind,
     f_ext_entry,
-    cross,
     gravity_acceleration,
     mm,
     motion_cross,
     mv,
     tree_state,
+    velocity_terms,
+    world_inertia,
 )
 from ._local import Shift, com_inertia, local_terms, parent_shifts, tables_of
+from ._world import crba_world_bl, world_frame
 from .crba import crba_bl
 from .rnea import rnea_bl, rnea_flat
 from .rnea_vjp import rnea_state_vjp
@@ -89,20 +91,26 @@ class _Factors(NamedTuple):
 
 def _aba(tree: KinematicTree, mt: ModelTensors, q: Tensor, v: Tensor, tau: Tensor, f_ext, passive: bool
          ) -> tuple[Tensor, _Factors]:
-    ts = tree_state(tree, mt, q, centered=True)
+    world = world_frame()
+    ts = tree_state(tree, mt, q, centered=not world)
     vT, tauT = v.transpose(0, 1), tau.transpose(0, 1)
-    lt = local_terms(tree, ts, vT, f_ext)
-    S = lt.Sl  # (nv, 6, B) at each body's origin
-    dof_V = lt.V[tree.tables(q.dtype, q.device).dof_body] if tree.nfree else lt.V
-    c = motion_cross(dof_V, S * vT[:, None])  # (nv, 6, B): d/dt S_d = V_body(d) x S_d
     if passive:
         tauT = add_passive(tree, mt, tauT, q.transpose(0, 1), vT, 1.0)
-    shifts = parent_shifts(tree, ts)
-    if shifts.X is not None:
-        a_w = gravity_acceleration(mt).transpose(0, 1).expand(q.shape[0], 6)
-        qdd, levels, root = _aba_small(tree, lt.inertia, lt.bias, S, c, tauT, shifts, a_w)
-        return qdd, _Factors(levels, root, (ts, None), batch_first=True)
-    levels, IA0, pA0 = _sweep(tree, lt.inertia, lt.bias, S, c, tauT, shifts)
+    if world:  # everything at the world origin: no shifts between bodies
+        vt = velocity_terms(tree, ts, vT, f_ext)
+        S, inertia = ts.S, vt.inertia
+        levels, IA0, pA0 = _sweep(tree, inertia, vt.bias, S, vt.c, tauT, None)
+    else:
+        lt = local_terms(tree, ts, vT, f_ext)
+        S, inertia = lt.Sl, None  # S: (nv, 6, B) at each body's origin
+        dof_V = lt.V[tree.tables(q.dtype, q.device).dof_body] if tree.nfree else lt.V
+        c = motion_cross(dof_V, S * vT[:, None])  # (nv, 6, B): d/dt S_d = V_body(d) x S_d
+        shifts = parent_shifts(tree, ts)
+        if shifts.X is not None:
+            a_w = gravity_acceleration(mt).transpose(0, 1).expand(q.shape[0], 6)
+            qdd, levels, root = _aba_small(tree, lt.inertia, lt.bias, S, c, tauT, shifts, a_w)
+            return qdd, _Factors(levels, root, (ts, None), batch_first=True)
+        levels, IA0, pA0 = _sweep(tree, lt.inertia, lt.bias, S, c, tauT, shifts)
 
     B = q.shape[0]
     a_world = gravity_acceleration(mt).expand(6, B)  # a pure linear acceleration: the same at every point
@@ -131,7 +139,7 @@ def _aba(tree: KinematicTree, mt: ModelTensors, q: Tensor, v: Tensor, tau: Tenso
                 A[b] = Al[k]
             pieces.append(ql)
     qdd = torch.cat(pieces, 0)[list(tree.aba_gather)]  # (nv, B) in DoF order
-    return qdd.transpose(0, 1), _Factors(levels, root, (ts, None))
+    return qdd.transpose(0, 1), _Factors(levels, root, (ts, inertia))
 
 
 def _aba_small(tree: KinematicTree, inertia: RigidInertia, bias: Tensor, S: Tensor, c: Tensor, tauT: Tensor,
@@ -140,7 +148,7 @@ def _aba_small(tree: KinematicTree, inertia: RigidInertia, bias: Tensor, S: Tens
     product, and a shift to the parent's origin two (``X^T Ia X``). Returns ``qdd (B, nv)``, the
     levels and the root factors (batch-first, see :class:`_Factors`); ``a_w (B, 6)`` is the
     acceleration that stands in for gravity."""
-    IA = list(inertia.full.permute(0, 3, 1, 2).unbind(0))  # (B, 6, 6) about each body's origin
+    IA = list(inertia.matrix().permute(0, 3, 1, 2).unbind(0))  # (B, 6, 6) about each body's origin
     pA = list(bias.permute(0, 2, 1).unbind(0))  # (B, 6)
     Sb, cb, tb = S.permute(0, 2, 1), c.permute(0, 2, 1), tauT  # (nv, B, 6), (nv, B, 6), (nv, B)
     X = shifts.X  # (nb, B, 6, 6)
@@ -203,16 +211,18 @@ def _aba_small(tree: KinematicTree, inertia: RigidInertia, bias: Tensor, S: Tens
     return qdd.transpose(0, 1), levels, root
 
 
-def _level_shift(shifts: Shift, idx: tuple[int, ...], par: tuple[int, ...], index: Tensor | None) -> Shift | None:
-    if par[0] < 0:
+def _level_shift(shifts: Shift | None, idx: tuple[int, ...], par: tuple[int, ...], index: Tensor | None
+                 ) -> Shift | None:
+    if par[0] < 0 or shifts is None:
         return None
     return shifts.select(idx[0] if index is None else index)
 
 
 def _sweep(tree: KinematicTree, inertia: RigidInertia, bias: Tensor, S: Tensor, c: Tensor, tauT: Tensor,
-           shifts: Shift) -> tuple[list[_Level], Tensor | None, Tensor | None]:
+           shifts: Shift | None) -> tuple[list[_Level], Tensor | None, Tensor | None]:
     """ABA's inward sweep (batch-last). A revolute column ``(0; w)`` at its body's origin meets
-    only the right half of the articulated inertia."""
+    only the right half of the articulated inertia. ``shifts=None``: everything at the world
+    origin (no shifts, dense columns)."""
     IA = list(inertia.matrix().unbind(0))
     pA = list(bias.unbind(0))
     prismatic = tree.is_prismatic
@@ -224,7 +234,7 @@ def _sweep(tree: KinematicTree, inertia: RigidInertia, bias: Tensor, S: Tensor, 
         else:
             Il, pl = torch.stack([IA[b] for b in idx]), torch.stack([pA[b] for b in idx])
         Sl, cl, tl = S[dofs], c[dofs], tauT[dofs]
-        if any(prismatic[b - tree.nfree] for b in idx):
+        if shifts is None or any(prismatic[b - tree.nfree] for b in idx):
             U = mv(Il, Sl)
             D = (Sl * U).sum(-2)
             u = tl - (Sl * pl).sum(-2)
@@ -237,8 +247,9 @@ def _sweep(tree: KinematicTree, inertia: RigidInertia, bias: Tensor, S: Tensor, 
         Ia = torch.addcmul(Il, U[..., :, None, :], Ud[..., None, :, :], value=-1)
         pa = torch.addcmul(pl + mv(Ia, cl), Ud, u[..., None, :])
         sh = _level_shift(shifts, idx, par, index)
-        if sh is not None:  # move to the parents' origins, then add
-            Ia, pa = sh.inertia_up(Ia), sh.force_up(pa)
+        if par[0] >= 0:
+            if sh is not None:  # move to the parents' origins, then add
+                Ia, pa = sh.inertia_up(Ia), sh.force_up(pa)
             if single:
                 IA[par[0]] = IA[par[0]] + Ia
                 pA[par[0]] = pA[par[0]] + pa
@@ -409,16 +420,17 @@ def _solve_crba(tree: KinematicTree, mt: ModelTensors, q, v, tau, f_ext, passive
                 ) -> tuple[Tensor, tuple[Tensor, Tensor], tuple]:
     """``qdd (B, nv)`` from the mass matrix and the bias forces, the LU factors of ``M``, and the
     centered kinematic pass (with ``None`` for the world inertias, which it does not need)."""
-    ts = tree_state(tree, mt, q, centered=True)
-    inertia = com_inertia(tree, ts)
-    M = crba_bl(tree, ts, inertia)
+    world = world_frame()
+    ts = tree_state(tree, mt, q, centered=not world)
+    inertia = world_inertia(ts) if world else com_inertia(tree, ts)
+    M = crba_world_bl(tree, ts, inertia) if world else crba_bl(tree, ts, inertia)
     h = rnea_bl(tree, ts, q.transpose(0, 1), v.transpose(0, 1), None, f_ext, passive, inertia).transpose(0, 1)
     # LU, not Cholesky: with two threads MKL's potrf stalls for milliseconds whenever the other core
     # is busy, even on one 7x7 matrix (measured on a shared machine: one call in six; none with one
     # thread), and getrf/getrs do not. M is positive definite, so no pivot vanishes and the info
     # flag need not be checked (no sync).
     LU, piv, _ = torch.linalg.lu_factor_ex(M)
-    return _lu_apply(LU, piv, tau - h), (LU, piv), (ts, None)
+    return _lu_apply(LU, piv, tau - h), (LU, piv), (ts, inertia if world else None)
 
 
 def _lu_apply(LU: Tensor, piv: Tensor, b: Tensor) -> Tensor:

@@ -22,11 +22,11 @@ from ._common import (
     bind,
     cross,
     mv,
-    small_batch,
     tree_state,
     tree_sum,
 )
 from ._local import ComInertia, com_inertia, local_columns, segment_sum, tables_of, translated
+from ._world import crba_world_bl, world_frame
 
 __all__ = ["crba", "mass_matrix", "crba_flat"]
 
@@ -36,10 +36,14 @@ def crba_flat(tree: KinematicTree, mt: ModelTensors, q: Tensor, ts: TreeState | 
     """CRBA on a flat batch: ``q (B, nq) -> M (B, nv, nv)``.
 
     ``ts`` (the kinematic pass, centered for float32 accuracy far from the origin) is reused when
-    the caller already has it; ``inertia`` is accepted for compatibility and not used.
+    the caller already has it; so is ``inertia`` (``world_inertia(ts)``) in the world frame (see
+    :func:`~diffmech.dynamics.set_eager_frame`), which alone uses it.
     """
+    world = world_frame()
     if ts is None:
-        ts = tree_state(tree, mt, q, centered=True)
+        ts = tree_state(tree, mt, q, centered=not world)
+    if world:
+        return crba_world_bl(tree, ts, inertia)
     return crba_bl(tree, ts, com_inertia(tree, ts))
 
 
@@ -93,9 +97,11 @@ def crba_bl(tree: KinematicTree, ts: TreeState, ci: ComInertia) -> Tensor:
 def symmetric(tree: KinematicTree, lt: LocalTables, vals: Tensor) -> Tensor:
     """``(B, nv, nv)`` symmetric matrix from its values ``vals (far + near, B)`` at the CRBA pairs."""
     nv = tree.nv
-    if small_batch(vals):
-        M = lt.crba_scatter @ vals  # (nv * nv, B)
-    else:  # copies instead of a product with a mostly-zero matrix
+    # Copies instead of a product with a mostly-zero matrix (which BLAS would thread, see
+    # _common.SMALL_SUM), but one GEMV for a single state.
+    if vals.shape[-1] == 1 and not torch.compiler.is_compiling():
+        M = lt.crba_scatter @ vals  # (nv * nv, 1)
+    else:
         src = torch.cat([vals, vals[: lt.far_d.shape[0]]])
         M = vals.new_zeros(nv * nv, vals.shape[-1]).index_copy_(0, lt.crba_index, src)
     return M.transpose(0, 1).reshape(-1, nv, nv)

@@ -15,6 +15,7 @@ from torch import Tensor
 from ..model.parameters import ModelTensors, RobotParameters
 from ..model.tree import KinematicTree
 from ._common import (
+    RigidInertia,
     TreeState,
     add_passive,
     as_state,
@@ -27,6 +28,7 @@ from ._common import (
     tree_sum,
 )
 from ._local import ComInertia, com_forces, com_inertia, local_columns, subtree_forces, tables_of
+from ._world import rnea_world_bl, world_frame
 
 __all__ = ["rnea", "inverse_dynamics", "bias_forces", "generalized_gravity", "rnea_flat", "rnea_bl"]
 
@@ -43,7 +45,7 @@ def rnea_flat(
 ) -> Tensor:
     """RNEA on flat batches: ``q (B, nq), v (B, nv), a (B, nv) | None, f_ext (B, n_links, 6) -> (B, nv)``."""
     if ts is None:
-        ts = tree_state(tree, mt, q, centered=True)
+        ts = tree_state(tree, mt, q, centered=not world_frame())
     aT = None if a is None else a.transpose(0, 1)
     return rnea_bl(tree, ts, q.transpose(0, 1), v.transpose(0, 1), aT, f_ext, passive).transpose(0, 1)
 
@@ -56,14 +58,17 @@ def rnea_bl(
     aT: Tensor | None,
     f_ext: Tensor | None,
     passive: bool,
-    inertia: ComInertia | None = None,
+    inertia: ComInertia | RigidInertia | None = None,
 ) -> Tensor:
     """Batch-last RNEA: ``qT (nq, B), vT (nv, B), aT (nv, B) -> tau (nv, B)``.
 
     ``aT=None`` stands for zero accelerations (the bias forces ``h``); ``inertia`` is
-    ``com_inertia(tree, ts)`` when the caller already has it. ``ts`` should be centered
-    (``tree_state(..., centered=True)``) for float32 accuracy far from the origin.
+    ``com_inertia(tree, ts)`` (``world_inertia(ts)`` in the world frame, see
+    :func:`~diffmech.dynamics.set_eager_frame`) when the caller already has it. ``ts`` should be
+    centered (``tree_state(..., centered=True)``) for float32 accuracy far from the origin.
     """
+    if world_frame():
+        return rnea_world_bl(tree, ts, qT, vT, aT, f_ext, passive, inertia)
     mt = ts.mt
     S = ts.S  # (nv, 6, B) at the world origin
     ci = com_inertia(tree, ts) if inertia is None else inertia
