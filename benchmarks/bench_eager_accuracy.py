@@ -140,26 +140,30 @@ def time_call(fn, budget: float = 0.6, min_sample: float = 2e-3, reps: int = 7) 
     return {"median_s": statistics.median(samples), "min_s": min(samples), "samples": len(samples)}
 
 
+def _calls(robot: diffmech.RobotModel, x: dict[str, torch.Tensor]) -> dict:
+    """The timed calls on inputs ``x``: ``name -> (function, needs a graph)``."""
+    q, v, a, tau = x["q"], x["v"], x["a"], x["tau"]
+    qg, vg, tg = (t.clone().requires_grad_(True) for t in (q, v, tau))
+
+    def fd_grad():
+        qdd = robot.forward_dynamics(qg, vg, tg)
+        torch.autograd.grad(qdd.square().sum(), (qg, vg, tg))
+
+    return {
+        "ID": (lambda: robot.inverse_dynamics(q, v, a), False),
+        "M": (lambda: robot.mass_matrix(q), False),
+        "FD": (lambda: robot.forward_dynamics(q, v, tau), False),
+        "FD+grad": (fd_grad, True),
+    }
+
+
 def timings(robot: diffmech.RobotModel, batches: list[int], budget: float) -> dict[str, dict[str, dict]]:
     out: dict[str, dict[str, dict]] = {}
     for B in batches:
-        x = random_inputs(robot, B, seed=1)
-        q, v, a, tau = x["q"], x["v"], x["a"], x["tau"]
-        qg, vg, tg = (t.clone().requires_grad_(True) for t in (q, v, tau))
-
-        def fd_grad():
-            qdd = robot.forward_dynamics(qg, vg, tg)
-            torch.autograd.grad(qdd.square().sum(), (qg, vg, tg))
-
-        fns = {
-            "ID": lambda: robot.inverse_dynamics(q, v, a),
-            "M": lambda: robot.mass_matrix(q),
-            "FD": lambda: robot.forward_dynamics(q, v, tau),
-            "FD+grad": fd_grad,
-        }
-        with torch.no_grad():
-            cells = {k: time_call(f, budget) for k, f in fns.items() if k != "FD+grad"}
-        cells["FD+grad"] = time_call(fns["FD+grad"], budget)
+        cells = {}
+        for name, (fn, graph) in _calls(robot, random_inputs(robot, B, seed=1)).items():
+            with torch.enable_grad() if graph else torch.no_grad():
+                cells[name] = time_call(fn, budget)
         out[str(B)] = cells
     return out
 
@@ -200,26 +204,28 @@ def render(data: dict) -> str:
                     cells.append("n/a" if v is None else f"{v:.1e}")
                 lines.append(f"| {r} | {route} | {k} | " + " | ".join(cells) + " |")
     timed = [lb for lb in labels if runs[lb].get("timing")]
-    if timed:
+    for threads in sorted({runs[lb]["threads"] for lb in timed}, reverse=True):
+        group = [lb for lb in timed if runs[lb]["threads"] == threads]
+        base = group[0]
         lines += [
             "",
-            "Eager float64 timings, median of repeated samples (fastest in parentheses), microseconds per call,",
-            "2 threads; `FD` is `method=\"auto\"`; `FD+grad` adds the backward of `qdd.square().sum()` w.r.t. "
-            "`(q, v, tau)`.",
-            "Machine state: " + "; ".join(f"{lb}: {runs[lb].get('machine', '')}" for lb in timed) + ".",
+            f"Eager float64 timings, {threads} thread{'s' if threads > 1 else ''}: median of repeated samples (fastest "
+            "in parentheses), microseconds per call; the last columns are the fastest samples' ratios to "
+            f"`{base}`. `FD` is `method=\"auto\"`; `FD+grad` adds the backward of `qdd.square().sum()` w.r.t. "
+            "`(q, v, tau)`. Machine state: " + "; ".join(f"{lb}: {runs[lb].get('machine', '')}" for lb in group) + ".",
             "",
-            "| robot | batch | call | " + " | ".join(timed) + " |",
-            "| --- | ---: | --- | " + " | ".join("---:" for _ in timed) + " |",
+            "| robot | batch | call | " + " | ".join(group + [f"{lb}/{base}" for lb in group[1:]]) + " |",
+            "| --- | ---: | --- | " + " | ".join("---:" for _ in group + group[1:]) + " |",
         ]
         for r in robots:
-            batches = sorted({int(b) for lb in timed for b in runs[lb]["timing"].get(r, {})})
+            batches = sorted({int(b) for lb in group for b in runs[lb]["timing"].get(r, {})})
             for B in batches:
                 for k in TIMED:
-                    cells = []
-                    for lb in timed:
-                        c = runs[lb]["timing"].get(r, {}).get(str(B), {}).get(k)
-                        cells.append("n/a" if c is None else f"{c['median_s'] * 1e6:.0f} ({c['min_s'] * 1e6:.0f})")
-                    lines.append(f"| {r} | {B} | {k} | " + " | ".join(cells) + " |")
+                    got = [runs[lb]["timing"].get(r, {}).get(str(B), {}).get(k) for lb in group]
+                    cells = ["n/a" if c is None else f"{c['median_s'] * 1e6:.0f} ({c['min_s'] * 1e6:.0f})" for c in got]
+                    ratios = ["n/a" if c is None or got[0] is None else f"{c['min_s'] / got[0]['min_s']:.2f}"
+                              for c in got[1:]]
+                    lines.append(f"| {r} | {B} | {k} | " + " | ".join(cells + ratios) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -249,8 +255,12 @@ def main(argv=None) -> None:
     ap.add_argument("--markdown", default=str(DEFAULT_MD), help="'' for none")
     ap.add_argument("--from-json", action="store_true", help="only re-render the markdown from --json")
     ap.add_argument("--quick", action="store_true", help="few states, batch 1, short budget; writes nothing")
+    ap.add_argument("--frame", choices=("local", "world"), default=None,
+                    help="diffmech.dynamics.set_eager_frame before measuring (code that has it)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.frame is not None:
+        diffmech.dynamics.set_eager_frame(args.frame)
     path = Path(args.json)
     data = json.loads(path.read_text()) if path.exists() else {"runs": {}}
     if args.from_json:
@@ -265,6 +275,7 @@ def main(argv=None) -> None:
     run = {
         "commit": git_commit(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "torch": torch.__version__, "python": platform.python_version(), "threads": args.threads,
+        "frame": args.frame or "default",
         "machine": args.machine or f"load average {load_avg:.1f} at start", "accuracy": {}, "timing": {},
     }
     for r in robots:

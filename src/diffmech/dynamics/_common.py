@@ -16,6 +16,7 @@ tensors; the transposes happen once at the boundary.
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from dataclasses import dataclass
@@ -201,13 +202,34 @@ def quat_to_matrix_bl(quat: Tensor) -> Tensor:
     means the same orientation, and the derivative w.r.t. the quaternion has no radial component
     (which the hand-written RNEA VJP relies on).
     """
-    x, y, z, w = (quat / quat.norm(dim=0, keepdim=True)).unbind(0)
+    qn = quat / quat.norm(dim=0, keepdim=True)
+    if small_batch(quat):  # the entries are fixed combinations of the products q_i q_j: 4 operators, not 40
+        Q = (qn[:, None] * qn[None]).reshape(16, -1)
+        return tree_sum(_quat_products(quat.dtype, quat.device), Q).unflatten(0, (3, 3))
+    x, y, z, w = qn.unbind(0)
     rows = [
         1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w),
         2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w),
         2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y),
     ]
     return torch.stack(rows, 0).unflatten(0, (3, 3))
+
+
+@functools.cache
+def _quat_products(dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``(9, 16)``: the rotation matrix entries (row-major) of a unit quaternion ``(x, y, z, w)``
+    from its products ``q_i q_j`` (row-major ``4 x 4``)."""
+    C = torch.zeros(9, 4, 4, dtype=dtype)
+    x, y, z, w = range(4)
+    terms = {
+        0: [(w, w, 1), (x, x, 1), (y, y, -1), (z, z, -1)], 1: [(x, y, 2), (z, w, -2)], 2: [(x, z, 2), (y, w, 2)],
+        3: [(x, y, 2), (z, w, 2)], 4: [(w, w, 1), (x, x, -1), (y, y, 1), (z, z, -1)], 5: [(y, z, 2), (x, w, -2)],
+        6: [(x, z, 2), (y, w, -2)], 7: [(y, z, 2), (x, w, 2)], 8: [(w, w, 1), (x, x, -1), (y, y, -1), (z, z, 1)],
+    }
+    for k, ts in terms.items():
+        for i, j, c in ts:
+            C[k, i, j] += c
+    return C.reshape(9, 16).to(device)
 
 
 # ---------------------------------------------------------------- tables of the local-point formulation
@@ -233,6 +255,8 @@ class LocalTables:
         local_mask: (nv, 6, 1) keeps the rows of a world-origin motion column that it has at its
             own body's origin: the angular rows, and the linear rows of prismatic and base-linear DoFs.
         root_mask: (nj, 1, 1) ``1`` on bodies hanging from the world (fixed base), else ``0``.
+        base_pairs: (nb,) long, the rows of the pairs ``(0, b)`` (floating base; else empty).
+        eye3: (3, 3) identity.
     """
 
     anc: Tensor
@@ -253,6 +277,8 @@ class LocalTables:
     levels: tuple
     local_mask: Tensor
     root_mask: Tensor
+    base_pairs: Tensor
+    eye3: Tensor
 
 
 _LOCAL_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -316,6 +342,8 @@ def _make_local_tables(tree: KinematicTree, dtype: torch.dtype, device: torch.de
                      if not (tree.nfree and idx == (0,))),
         local_mask=mask.to(device),
         root_mask=torch.tensor(roots, dtype=dtype, device=device).reshape(-1, 1, 1),
+        base_pairs=long([k for k, (a, _) in enumerate(pairs) if a == 0] if tree.nfree else []),
+        eye3=torch.eye(3, dtype=dtype, device=device),
     )
 
 
@@ -536,18 +564,20 @@ def masks(tree: KinematicTree, like: Tensor) -> tuple[Tensor, Tensor]:
     return tb.mask_bd, tb.mask_db
 
 
-# Up to this many products a masked sum is one elementwise product and a sum, which ATen runs on
-# the calling thread (its grain size). BLAS threads even small GEMMs (from about a thousand
-# products on), and on a loaded machine each threaded call waits for a descheduled worker: 30 ms
-# per call measured on 2 shared cores, where the elementwise form takes microseconds.
+# Masked sums of up to this many products are one elementwise product and a sum, which ATen runs
+# on the calling thread (below its grain size): BLAS threads GEMMs from about a thousand products
+# on, and on a loaded machine each threaded call waits for a descheduled worker -- 30 ms per call
+# measured on 2 shared cores, where the elementwise form takes microseconds. Below
+# ``TINY_SUM`` products BLAS stays on one thread and one GEMM is the fewest operators.
 SMALL_SUM = 32768
+TINY_SUM = 512
 
 
 def tree_sum(mask: Tensor, x: Tensor) -> Tensor:
     """``y[i] = sum_j mask[i, j] x[j]`` for ``x (n, ..., B)``: one GEMM over all trailing dims."""
     n, m = x.shape[0], mask.shape[0]
     flat = x.reshape(n, -1)
-    if m * flat.numel() <= SMALL_SUM and not torch.compiler.is_compiling():
+    if TINY_SUM < m * flat.numel() <= SMALL_SUM and not torch.compiler.is_compiling():
         return (mask[:, :, None] * flat).sum(1).reshape(m, *x.shape[1:])
     return (mask @ flat).reshape(m, *x.shape[1:])
 

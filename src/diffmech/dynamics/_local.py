@@ -160,19 +160,6 @@ def subtree_forces(ci: ComInertia, f: Tensor, n: Tensor, lt: LocalTables) -> Ten
     return segment_sum(torch.cat([fd, F[:, 3:] + cross(ci.s, fd)], dim=1), lt.anc, lt.sum_anc)
 
 
-def translated(m: Tensor, h: Tensor, I: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:
-    """First moment and rotational inertia ``(h', I')`` of rigid inertias ``(m (n, 1), h (n, 3, B),
-    I (n, 3, 3, B))`` about a point ``r (n, 3, B)`` behind their reference point.
-
-    With ``h' = h + m r`` and ``W = h' r^T + r h^T``: ``I' = I + tr(W) 1 - W``.
-    """
-    h2 = torch.addcmul(h, m[..., None], r)
-    W = h2[:, :, None] * r[:, None, :] + r[:, :, None] * h[:, None, :]
-    tr = W.diagonal(0, 1, 2).sum(-1)  # (n, B)
-    eye = torch.eye(3, dtype=I.dtype, device=I.device)[:, :, None]
-    return h2, torch.addcmul(I - W, tr[:, None, None], eye)
-
-
 class LocalTerms(NamedTuple):
     """What ABA derives from the velocities, about each body's origin (batch-last)."""
 
@@ -232,7 +219,7 @@ class Shift(NamedTuple):
 
 # Largest batch for which ABA takes the batch-first path of batched 6x6 matrix products
 # (:func:`~.aba._aba_small`): its operators cost the same up to a few dozen states.
-ABA_MATRIX_MAX_BATCH = int(__import__("os").environ.get("ABA_MAX", "8"))
+ABA_MATRIX_MAX_BATCH = 8
 
 
 def parent_shifts(tree: KinematicTree, ts: TreeState, matrices: bool | None = None) -> Shift:

@@ -25,7 +25,7 @@ from ._common import (
     tree_state,
     tree_sum,
 )
-from ._local import ComInertia, com_inertia, local_columns, segment_sum, tables_of, translated
+from ._local import ComInertia, com_inertia, local_columns, segment_sum, tables_of
 from ._world import crba_world_bl, world_frame
 
 __all__ = ["crba", "mass_matrix", "crba_flat"]
@@ -73,8 +73,12 @@ def crba_bl(tree: KinematicTree, ts: TreeState, ci: ComInertia) -> Tensor:
     if nf:
         # The base carries the whole robot: its composite inertia about its origin o_0 (0 when
         # centered), each body's moved there. Its entries are large, so no digits are lost.
-        h0, I0 = translated(ci.m, torch.zeros_like(ci.c), ci.Ic, ci.c - ts.p[:1])
-        Ic0 = RigidInertia(m=ci.m.sum(0, keepdim=True), h=h0.sum(0, keepdim=True), I=I0.sum(0, keepdim=True))
+        # About o_0 a body adds I_c + m (|s|^2 1 - s s^T), s = c - o_0 (the levers of pairs (0, b)).
+        s0 = ci.s.index_select(0, lt.base_pairs)
+        ms = ci.m[..., None] * s0
+        W = (ms[:, :, None] * s0[:, None, :]).sum(0)
+        I0 = ci.Ic.sum(0) - W + W.diagonal(0, 0, 1).sum(-1)[None, None] * lt.eye3[..., None]
+        Ic0 = RigidInertia(m=ci.m.sum(0, keepdim=True), h=ms.sum(0, keepdim=True), I=I0[None])
         F = torch.cat([Ic0.apply(Sl[:6]), torch.cat([f, n], dim=1)])  # (nv, 6, B)
         near = (Sl.index_select(0, lt.near_d) * F.index_select(0, lt.near_e)).sum(1)
         p = ts.p.index_select(0, tb.dof_body)
