@@ -89,8 +89,11 @@ class _Factors(NamedTuple):
     batch_first: bool = False
 
 
-def _aba(tree: KinematicTree, mt: ModelTensors, q: Tensor, v: Tensor, tau: Tensor, f_ext, passive: bool
-         ) -> tuple[Tensor, _Factors]:
+def _aba(tree: KinematicTree, mt: ModelTensors, q: Tensor, v: Tensor, tau: Tensor, f_ext, passive: bool,
+         small: bool | None = None) -> tuple[Tensor, _Factors]:
+    """ABA: ``qdd (B, nv)`` and the factors that apply ``M(q)^{-1}``. ``small``: take the
+    batch-first path of :func:`_aba_small` (default: for batches up to ``ABA_MATRIX_MAX_BATCH``);
+    :func:`factor_tensors` needs ``False``."""
     world = world_frame()
     ts = tree_state(tree, mt, q, centered=not world)
     vT, tauT = v.transpose(0, 1), tau.transpose(0, 1)
@@ -105,7 +108,7 @@ def _aba(tree: KinematicTree, mt: ModelTensors, q: Tensor, v: Tensor, tau: Tenso
         S, inertia = lt.Sl, None  # S: (nv, 6, B) at each body's origin
         dof_V = lt.V[tree.tables(q.dtype, q.device).dof_body] if tree.nfree else lt.V
         c = motion_cross(dof_V, S * vT[:, None])  # (nv, 6, B): d/dt S_d = V_body(d) x S_d
-        shifts = parent_shifts(tree, ts)
+        shifts = parent_shifts(tree, ts, small)
         if shifts.X is not None:
             a_w = gravity_acceleration(mt).transpose(0, 1).expand(q.shape[0], 6)
             qdd, levels, root = _aba_small(tree, lt.inertia, lt.bias, S, c, tauT, shifts, a_w)
@@ -274,7 +277,10 @@ def level_structure(tree: KinematicTree) -> list[tuple[tuple[int, ...], tuple[in
 
 def factor_tensors(factors: _Factors) -> list[Tensor]:
     """The tensors of ``factors`` that :func:`factors_from` needs: ``U, D, S`` and the shifts
-    ``r`` of every depth (below the world), and ``S0, U0, D0`` of a floating base."""
+    ``r`` of every depth (below the world), and ``S0, U0, D0`` of a floating base (batch-last
+    factors: ``_aba(..., small=False)``)."""
+    if factors.batch_first:
+        raise ValueError("factor_tensors needs the batch-last factors of _aba(..., small=False)")
     out = [t for lv in factors.levels for t in (lv.U, lv.D, lv.S) + (() if lv.shift is None else (lv.shift.r,))]
     if factors.root is not None:
         out += list(factors.root)

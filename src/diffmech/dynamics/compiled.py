@@ -69,7 +69,7 @@ def _fd_saving(tree: KinematicTree, mt, passive, q, v, u):
     """ABA's value and what its hand-written backward needs (see :func:`_fd_backward`): the
     world-frame columns ``S``, the world inertias ``(h, I)``, the base orientation (floating base)
     and the articulated-body factors."""
-    qdd, factors = _aba(tree, mt, q, v, u, None, passive)
+    qdd, factors = _aba(tree, mt, q, v, u, None, passive, small=False)
     ts, _ = factors.kinematics
     inertia = world_inertia(ts)  # what the RNEA VJP reads
     base = [ts.R[0]] if tree.nfree else []
