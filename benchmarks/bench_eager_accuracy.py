@@ -26,6 +26,14 @@ Usage::
     python benchmarks/bench_eager_accuracy.py --label after --no-timing
     python benchmarks/bench_eager_accuracy.py --from-json              # re-render BENCHMARKS.md only
     python benchmarks/bench_eager_accuracy.py --quick                  # smoke test, writes nothing
+
+The runs recorded in BENCHMARKS.md (``before``: the code before the change, checked out at
+``/tmp/base``, e.g. ``git archive dd898de src | tar -x -C /tmp/base``)::
+
+    PYTHONPATH=/tmp/base/src python benchmarks/bench_eager_accuracy.py --label before --commit dd898de
+    python benchmarks/bench_eager_accuracy.py --label after
+    python benchmarks/bench_eager_accuracy.py --label after-world --frame world
+    # and the same three with --threads 1 and labels before-1t, after-1t, after-world-1t
 """
 
 from __future__ import annotations
@@ -169,10 +177,12 @@ def timings(robot: diffmech.RobotModel, batches: list[int], budget: float) -> di
 
 
 def git_commit() -> str:
+    """The commit of the checkout that holds the imported ``diffmech``."""
+    where = Path(diffmech.__file__).resolve().parent
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=where, capture_output=True, text=True,
                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
                                capture_output=True, text=True, check=True).stdout.strip()
         return rev + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
@@ -251,6 +261,7 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--machine", default="", help="free text stored with the timings (load, other jobs)")
+    ap.add_argument("--commit", default=None, help="the commit of the measured diffmech (default: git of its checkout)")
     ap.add_argument("--json", default=str(DEFAULT_JSON))
     ap.add_argument("--markdown", default=str(DEFAULT_MD), help="'' for none")
     ap.add_argument("--from-json", action="store_true", help="only re-render the markdown from --json")
@@ -273,7 +284,7 @@ def main(argv=None) -> None:
     batches = [int(b) for b in args.batches.split(",")]
     load_avg = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     run = {
-        "commit": git_commit(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "commit": args.commit or git_commit(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "torch": torch.__version__, "python": platform.python_version(), "threads": args.threads,
         "frame": args.frame or "default",
         "machine": args.machine or f"load average {load_avg:.1f} at start", "accuracy": {}, "timing": {},
