@@ -328,6 +328,11 @@ def test_learnable_parameter_gradients_reach_the_parameters(toy_learnable):
         if n == "links.0.mass":  # the root link is welded to the world: its mass cannot affect qdd
             assert grad is None or not grad.any(), n
             continue
+        if n == "joints.0.origin_xyz":
+            # The first joint's offset translates the whole moving robot, which uniform gravity and
+            # link-origin external forces do not see: the dynamics (centered on body 0) give exactly 0.
+            assert grad is None or not grad.any(), n
+            continue
         assert grad is not None and torch.isfinite(grad).all(), n
         assert grad.abs().max() > 0, n
     robot.zero_grad(set_to_none=True)

@@ -16,9 +16,14 @@ tensors; the transposes happen once at the boundary.
 
 from __future__ import annotations
 
+import functools
+import threading
+import weakref
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+import torch.utils.weak
 from torch import Tensor
 
 from ..errors import ShapeError
@@ -196,7 +201,7 @@ def mv_small(M: Tensor, x: Tensor) -> Tensor:
 
 def cross(a: Tensor, b: Tensor) -> Tensor:
     """Cross product over the component dimension ``-2`` of ``(..., 3, B)`` tensors."""
-    if max(a.shape[-1], b.shape[-1]) < 256:
+    if max(a.shape[-1], b.shape[-1]) < 256 or max(a.numel(), b.numel()) <= 4096:
         return torch.linalg.cross(a, b, dim=-2)
     # linalg.cross strides across rows of B values; by components it is ~2x faster for long rows.
     a1, a2, a3 = a.unbind(-2)
@@ -264,7 +269,11 @@ def quat_to_matrix_bl(quat: Tensor) -> Tensor:
     means the same orientation, and the derivative w.r.t. the quaternion has no radial component
     (which the hand-written RNEA VJP relies on).
     """
-    x, y, z, w = (quat / quat.norm(dim=0, keepdim=True)).unbind(0)
+    qn = quat / quat.norm(dim=0, keepdim=True)
+    if small_batch(quat):  # the entries are fixed combinations of the products q_i q_j: 4 operators, not 40
+        Q = (qn[:, None] * qn[None]).reshape(16, -1)
+        return tree_sum(_quat_products(quat.dtype, quat.device), Q).unflatten(0, (3, 3))
+    x, y, z, w = qn.unbind(0)
     rows = [
         1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w),
         2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w),
@@ -273,23 +282,204 @@ def quat_to_matrix_bl(quat: Tensor) -> Tensor:
     return torch.stack(rows, 0).unflatten(0, (3, 3))
 
 
+@functools.cache
+def _quat_products(dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``(9, 16)``: the rotation matrix entries (row-major) of a unit quaternion ``(x, y, z, w)``
+    from its products ``q_i q_j`` (row-major ``4 x 4``)."""
+    C = torch.zeros(9, 4, 4, dtype=dtype)
+    x, y, z, w = range(4)
+    terms = {
+        0: [(w, w, 1), (x, x, 1), (y, y, -1), (z, z, -1)], 1: [(x, y, 2), (z, w, -2)], 2: [(x, z, 2), (y, w, 2)],
+        3: [(x, y, 2), (z, w, 2)], 4: [(w, w, 1), (x, x, -1), (y, y, 1), (z, z, -1)], 5: [(y, z, 2), (x, w, -2)],
+        6: [(x, z, 2), (y, w, -2)], 7: [(y, z, 2), (x, w, 2)], 8: [(w, w, 1), (x, x, -1), (y, y, -1), (z, z, 1)],
+    }
+    for k, ts in terms.items():
+        for i, j, c in ts:
+            C[k, i, j] += c
+    return C.reshape(9, 16).to(device)
+
+
+# ---------------------------------------------------------------- tables of the local-point formulation
+@dataclass(frozen=True)
+class LocalTables:
+    """Index tables of the local-point formulation (:mod:`._local`) on one device, in one dtype.
+
+    Attributes:
+        anc, desc: (npairs,) long, every pair of bodies with ``desc`` in the subtree of ``anc``
+            (itself included); ``npairs`` their number.
+        sum_anc: (nb, npairs) 0/1: ``sum_anc @ x`` sums per-pair values ``x`` over each body's
+            subtree (``anc`` is the same sum as an index).
+        jp_pair, jp_joint, jp_body: (njp,) long, the pairs whose ``anc`` is a one-DoF body: their
+            row in the pairs above, the joint (``0..nj-1``) and the descendant; ``jp_sum``
+            (nj, njp) 0/1 sums over each joint's pairs.
+        far_d, far_e / near_d, near_e: (k,) long, the mass-matrix pairs ``(d, e)`` (``d``'s body at
+            or above ``e``'s) whose DoFs move different bodies / the same body.
+        crba_index: flat ``(nv * nv)`` positions of the far pairs, the near pairs, then the far
+            pairs transposed; ``crba_scatter`` (nv * nv, far + near) the same as a 0/1 matrix.
+        parent: (nb,) long, each body's parent (a body hanging from the world: itself).
+        levels: per ABA depth (deepest first, below a floating base), its bodies as a long tensor
+            (``None`` for a single body).
+        local_mask: (nv, 6, 1) keeps the rows of a world-origin motion column that it has at its
+            own body's origin: the angular rows, and the linear rows of prismatic and base-linear DoFs.
+        root_mask: (nj, 1, 1) ``1`` on bodies hanging from the world (fixed base), else ``0``.
+        base_pairs: (nb,) long, the rows of the pairs ``(0, b)`` (floating base; else empty).
+        eye3: (3, 3) identity.
+    """
+
+    anc: Tensor
+    desc: Tensor
+    npairs: int
+    sum_anc: Tensor
+    jp_pair: Tensor
+    jp_joint: Tensor
+    jp_body: Tensor
+    jp_sum: Tensor
+    far_d: Tensor
+    far_e: Tensor
+    near_d: Tensor
+    near_e: Tensor
+    crba_index: Tensor
+    crba_scatter: Tensor
+    parent: Tensor
+    levels: tuple
+    local_mask: Tensor
+    root_mask: Tensor
+    base_pairs: Tensor
+    eye3: Tensor
+
+
+_LOCAL_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LOCAL_LOCK = threading.Lock()
+
+
+def local_tables(tree: KinematicTree, dtype: torch.dtype, device: torch.device) -> LocalTables:
+    """The :class:`LocalTables` of ``tree`` (built once per tree, dtype and device)."""
+    per_tree = _LOCAL_TABLES.get(tree)
+    got = None if per_tree is None else per_tree.get((dtype, device))
+    if got is not None:
+        return got
+    with _LOCAL_LOCK:
+        per_tree = _LOCAL_TABLES.setdefault(tree, {})
+        got = per_tree.get((dtype, device))
+        if got is None:
+            got = per_tree[(dtype, device)] = _make_local_tables(tree, dtype, device)
+    return got
+
+
+def _make_local_tables(tree: KinematicTree, dtype: torch.dtype, device: torch.device) -> LocalTables:
+    nb, nv, nj, par, db = tree.nb, tree.nv, tree.nj, tree.body_parent, tree.dof_body
+    pairs = []
+    for b in range(nb):
+        a = b
+        while a >= 0:
+            pairs.append((a, b))
+            a = par[a]
+    sum_anc = torch.zeros(nb, len(pairs), dtype=dtype)
+    for k, (a, _) in enumerate(pairs):
+        sum_anc[a, k] = 1
+    jrows = [k for k, (a, _) in enumerate(pairs) if a >= tree.nfree]
+    jpairs = [(pairs[k][0] - tree.nfree, pairs[k][1]) for k in jrows]
+    jp_sum = torch.zeros(nj, len(jpairs), dtype=dtype)
+    for k, (j, _) in enumerate(jpairs):
+        jp_sum[j, k] = 1
+    far = [(d, e) for d, e in tree.crba_pairs if db[d] != db[e]]
+    near = [(d, e) for d, e in tree.crba_pairs if db[d] == db[e]]
+    index = [d * nv + e for d, e in far + near] + [e * nv + d for d, e in far]
+    scatter = torch.zeros(nv * nv, len(far) + len(near), dtype=dtype)
+    for k, i in enumerate(index):
+        scatter[i, k % (len(far) + len(near))] = 1
+    mask = torch.zeros(nv, 6, 1, dtype=dtype)
+    mask[:, 3:] = 1
+    mask[: 3 * tree.nfree, :3] = 1  # base translations: (R0 e_i; 0) wherever the base is
+    for k, prismatic in enumerate(tree.is_prismatic):
+        if prismatic:
+            mask[tree.v_joint_start + k, :3] = 1
+    roots = [float(not tree.nfree and p < 0) for p in par[tree.nfree:]]
+    long = lambda x: torch.tensor(x, dtype=torch.long, device=device).reshape(-1)  # noqa: E731
+    return LocalTables(
+        anc=long([a for a, _ in pairs]), desc=long([b for _, b in pairs]), npairs=len(pairs),
+        sum_anc=sum_anc.to(device),
+        jp_pair=long(jrows), jp_joint=long([j for j, _ in jpairs]), jp_body=long([b for _, b in jpairs]),
+        jp_sum=jp_sum.to(device),
+        far_d=long([d for d, _ in far]), far_e=long([e for _, e in far]),
+        near_d=long([d for d, _ in near]), near_e=long([e for _, e in near]),
+        crba_index=long(index), crba_scatter=scatter.to(device),
+        parent=long([b if a < 0 else a for b, a in enumerate(par)]),
+        levels=tuple(None if len(idx) == 1 else long(idx) for idx, _ in reversed(tree.levels)
+                     if not (tree.nfree and idx == (0,))),
+        local_mask=mask.to(device),
+        root_mask=torch.tensor(roots, dtype=dtype, device=device).reshape(-1, 1, 1),
+        base_pairs=long([k for k, (a, _) in enumerate(pairs) if a == 0] if tree.nfree else []),
+        eye3=torch.eye(3, dtype=dtype, device=device),
+    )
+
+
+class LocalConstants(NamedTuple):
+    """Per-model constants of the local-point formulation (:mod:`._local`), in body frames."""
+
+    c_loc: Tensor  # (nb, 3) centre of mass of each body (massless: its origin)
+    Ic_loc: Tensor  # (nb, 3, 3) rotational inertia about the centre of mass
+    p_tree: Tensor  # (nj, 3, 1) joint placements of the centered kinematic pass
+
+
+_CONSTANTS = torch.utils.weak.WeakIdKeyDictionary()
+
+
+def local_constants(tree: KinematicTree, mt: ModelTensors) -> LocalConstants:
+    """The :class:`LocalConstants` of ``mt``; cached per model-tensor bundle (whose tensors are
+    replaced, never changed, when a parameter changes) while none of them carries a graph."""
+    key = mt.body_I
+    cacheable = not (torch.is_grad_enabled() and any(t.requires_grad for t in (mt.body_I, mt.body_h, mt.body_mass,
+                                                                              mt.p_tree)))
+    cacheable = cacheable and not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled()
+                                   or torch._C._are_functorch_transforms_active())
+    if cacheable:
+        got = _CONSTANTS.get(key)
+        if got is not None and got[0] is mt.body_h and got[1] is mt.body_mass and got[2] is mt.p_tree:
+            return got[3]
+    m, h = mt.body_mass, mt.body_h
+    c_loc = h / torch.where(m > 0, m, torch.ones_like(m))[:, None]
+    # I_c = I_o - m (|c|^2 1 - c c^T), with m c = h.
+    Ic_loc = torch.addcmul(mt.body_I, h[:, :, None], c_loc[:, None, :]) - \
+        (h * c_loc).sum(-1)[:, None, None] * torch.eye(3, dtype=m.dtype, device=m.device)
+    p_tree = mt.p_tree
+    if not tree.nfree:
+        # Bodies hanging from the world are placed relative to body 0's joint: its own offset
+        # becomes an exact zero, the others' the (constant, small) differences of the offsets.
+        p_tree = p_tree - local_tables(tree, p_tree.dtype, p_tree.device).root_mask * p_tree[:1]
+    out = LocalConstants(c_loc, Ic_loc, p_tree)
+    if cacheable and not any(t.requires_grad for t in out):
+        _CONSTANTS[key] = (mt.body_h, mt.body_mass, mt.p_tree, out)
+    return out
+
+
 # ---------------------------------------------------------------- the kinematic pass
-def body_placements(tree: KinematicTree, mt: ModelTensors, qT: Tensor) -> tuple[Tensor, Tensor]:
-    """World placements of all bodies. ``qT (nq, B) -> R (nb, 3, 3, B), p (nb, 3, B)``."""
+def body_placements(tree: KinematicTree, mt: ModelTensors, qT: Tensor, centered: bool = False
+                    ) -> tuple[Tensor, Tensor]:
+    """World placements of all bodies. ``qT (nq, B) -> R (nb, 3, 3, B), p (nb, 3, B)``.
+
+    ``centered``: positions relative to the origin of body 0 (the floating base, or the first
+    body hanging from the world), which sits exactly at zero: a translation of the world, under
+    which the dynamics are invariant, that keeps the positions as small as the robot (see
+    :mod:`._local`). The kinematics of a fixed base shift by the constant placement of body 0's
+    joint in the world.
+    """
     qj = qT[tree.q_joint_start:]  # (nj, B)
     s = qj.sin()[:, None, None]
     c1 = (1.0 - qj.cos())[:, None, None]
     R_loc = torch.addcmul(torch.addcmul(mt.A0, s, mt.A1), c1, mt.A2)  # (nj, 3, 3, B)
+    p_tree = local_constants(tree, mt).p_tree if centered else mt.p_tree
     # lin_dir is exactly zero on revolute joints, whatever the parameters.
-    p_loc = torch.addcmul(mt.p_tree, mt.lin_dir, qj[:, None]) if tree.any_prismatic else mt.p_tree  # (nj, 3, B|1)
+    p_loc = torch.addcmul(p_tree, mt.lin_dir, qj[:, None]) if tree.any_prismatic else p_tree  # (nj, 3, B|1)
+    base_p = (qT[:3] if not centered else torch.zeros_like(qT[:3])) if tree.nfree else None
     if small_batch(qT):
-        return _placements_by_jumping(tree, qT, R_loc, p_loc)
+        return _placements_by_jumping(tree, qT, R_loc, p_loc, base_p)
     Rs: list[Tensor] = [None] * tree.nb  # type: ignore[list-item]
     ps: list[Tensor] = [None] * tree.nb  # type: ignore[list-item]
     off = tree.nfree
     if off:
         Rs[0] = quat_to_matrix_bl(qT[3:7])
-        ps[0] = qT[:3]
+        ps[0] = base_p
     for idx, par in tree.levels:
         if off and idx == (0,):
             continue
@@ -316,7 +506,8 @@ def body_placements(tree: KinematicTree, mt: ModelTensors, qT: Tensor) -> tuple[
     return torch.stack(Rs), torch.stack(ps)
 
 
-def _placements_by_jumping(tree: KinematicTree, qT: Tensor, R_loc: Tensor, p_loc: Tensor) -> tuple[Tensor, Tensor]:
+def _placements_by_jumping(tree: KinematicTree, qT: Tensor, R_loc: Tensor, p_loc: Tensor, base_p: Tensor
+                           ) -> tuple[Tensor, Tensor]:
     """:func:`body_placements` for small batches, as products of homogeneous transforms.
 
     Each step composes every body's transform with the one 2^k levels up (pointer jumping), so a
@@ -328,7 +519,7 @@ def _placements_by_jumping(tree: KinematicTree, qT: Tensor, R_loc: Tensor, p_loc
     p = p_loc.permute(0, 2, 1)[..., None].expand(-1, B, 3, 1)  # (nj, B, 3, 1)
     if tree.nfree:
         R = torch.cat([quat_to_matrix_bl(qT[3:7]).permute(2, 0, 1)[None], R])
-        p = torch.cat([qT[:3].transpose(0, 1)[None, :, :, None], p])
+        p = torch.cat([base_p.transpose(0, 1)[None, :, :, None], p])
     eye = torch.eye(4, dtype=qT.dtype, device=qT.device)
     T = torch.cat([torch.cat([R, p], -1), eye[3:].expand(tree.nb, B, 1, 4)], -2)
     T = torch.cat([T, eye.expand(1, B, 4, 4)])  # (nb + 1, B, 4, 4), the last the world
@@ -338,10 +529,15 @@ def _placements_by_jumping(tree: KinematicTree, qT: Tensor, R_loc: Tensor, p_loc
     return T[..., :3, :3].permute(0, 2, 3, 1), T[..., :3, 3].permute(0, 2, 1)
 
 
-def tree_state(tree: KinematicTree, mt: ModelTensors, q: Tensor, *, batch_last: bool = False) -> TreeState:
-    """Body placements and world-frame motion subspaces for ``q (B, nq)`` (or ``(nq, B)``)."""
+def tree_state(tree: KinematicTree, mt: ModelTensors, q: Tensor, *, batch_last: bool = False,
+               centered: bool = False) -> TreeState:
+    """Body placements and world-frame motion subspaces for ``q (B, nq)`` (or ``(nq, B)``).
+
+    ``centered``: in the world translated so that body 0 sits at the origin (for the dynamics,
+    which do not change under the translation; see :func:`body_placements`).
+    """
     qT = q if batch_last else q.transpose(0, 1)
-    R, p = body_placements(tree, mt, qT)
+    R, p = body_placements(tree, mt, qT, centered)
     off = tree.nfree
     Rj, pj = R[off:], p[off:]
     w_rot = mv(Rj, mt.rot_axis)  # (nj, 3, B)
@@ -435,23 +631,22 @@ def masks(tree: KinematicTree, like: Tensor) -> tuple[Tensor, Tensor]:
     return tb.mask_bd, tb.mask_db
 
 
-# Up to this many multiply-adds a masked sum is written out elementwise instead of as a GEMM: BLAS
-# runs even a 7x7 product on all its threads, and whenever another process holds a core one of them
-# is descheduled and the call waits for it -- measured on the 2-core machine under load: 7x7 @ 7x18
-# median 8 us but p90 40 ms with 2 threads, broadcast-and-sum p90 21 us. Elementwise operators
-# stay on one thread below ATen's grain size.
-BROADCAST_SUM_MAX = 1 << 16
+# Masked sums of up to this many products are one elementwise product and a sum, which ATen runs
+# on the calling thread (below its grain size): BLAS threads GEMMs from about a thousand products
+# on, and on a loaded machine each threaded call waits for a descheduled worker -- 30 ms per call
+# measured on 2 shared cores, where the elementwise form takes microseconds. Below
+# ``TINY_SUM`` products BLAS stays on one thread and one GEMM is the fewest operators.
+SMALL_SUM = 32768
+TINY_SUM = 512
 
 
 def tree_sum(mask: Tensor, x: Tensor) -> Tensor:
-    """``y[i] = sum_j mask[i, j] x[j]`` for ``x (n, ..., B)``: one GEMM over all trailing dims
-    (elementwise for small sizes, see :data:`BROADCAST_SUM_MAX`)."""
-    flat = x.reshape(x.shape[0], -1)
-    if mask.shape[0] * flat.numel() <= BROADCAST_SUM_MAX and not torch.compiler.is_compiling():
-        y = (mask[:, :, None] * flat[None]).sum(1)
-    else:
-        y = mask @ flat
-    return y.reshape(mask.shape[0], *x.shape[1:])
+    """``y[i] = sum_j mask[i, j] x[j]`` for ``x (n, ..., B)``: one GEMM over all trailing dims."""
+    n, m = x.shape[0], mask.shape[0]
+    flat = x.reshape(n, -1)
+    if TINY_SUM < m * flat.numel() <= SMALL_SUM and not torch.compiler.is_compiling():
+        return (mask[:, :, None] * flat).sum(1).reshape(m, *x.shape[1:])
+    return (mask @ flat).reshape(m, *x.shape[1:])
 
 
 def gravity_acceleration(mt: ModelTensors) -> Tensor:

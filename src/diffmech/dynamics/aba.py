@@ -1,7 +1,9 @@
 """Forward dynamics: the Articulated Body Algorithm (Featherstone 2008, §7.3) and its fast gradient.
 
-ABA is written in the world frame, so articulated inertias pass from child to parent without any
-coordinate transform; bodies of one depth are processed together.
+ABA is written in world-aligned axes about each body's own origin (:mod:`._local`): articulated
+inertias pass from child to parent by a pure translation along the short lever between the two
+origins, which keeps float32 results accurate far from the world origin; bodies of one depth are
+processed together.
 
 ``forward_dynamics`` wraps it with the cheap backward of the implicit function theorem: since
 ``ID(q, v, qdd, theta) = tau``, for a cotangent ``g`` of ``qdd``, ``lam = M^{-1} g`` is the
@@ -40,12 +42,15 @@ from ._common import (
     joint_q,
     joint_v,
     mm,
+    motion_cross,
     mv,
     tree_state,
     velocity_terms,
     world_inertia,
 )
-from .crba import crba_flat
+from ._local import Shift, com_inertia, local_terms, parent_shifts, tables_of
+from ._world import crba_world_bl, world_frame
+from .crba import crba_bl, crba_flat
 from .kernels import default_native
 from .rnea import rnea_bl, rnea_flat
 from .rnea_vjp import rnea_state_vjp
@@ -61,7 +66,9 @@ AUTO_CRBA_MAX_BATCH = 64
 
 class _Level(NamedTuple):
     """One depth of the tree. A depth with a single body (every depth of a chain) drops the ``k``
-    dimension: no stacking, unsqueezing or selecting, which at batch 1 is most of the work."""
+    dimension: no stacking, unsqueezing or selecting, which at batch 1 is most of the work.
+
+    Quantities are about each body's own origin (world-aligned axes, :mod:`._local`)."""
 
     idx: tuple[int, ...]  # bodies at this depth
     par: tuple[int, ...]  # their parents
@@ -70,8 +77,9 @@ class _Level(NamedTuple):
     D: Tensor  # (k, B) S^T IA S
     Ud: Tensor  # (k, 6, B) U / D
     u: Tensor  # (k, B)
-    S: Tensor  # (k, 6, B)
+    S: Tensor  # (k, 6, B) motion columns at the bodies' origins
     c: Tensor  # (k, 6, B) velocity-product acceleration
+    shift: Shift | None  # to the parents' origins (None: bodies hanging from the world)
 
 
 class _Factors(NamedTuple):
@@ -79,61 +87,56 @@ class _Factors(NamedTuple):
 
     levels: list[_Level]  # deepest first
     root: tuple[Tensor, Tensor, Tensor] | None  # floating base: (S0 (6 comp, 6 dof, B), U0, D0)
-    kinematics: tuple[TreeState, RigidInertia]  # the kinematic pass and world inertias at q
+    # The centered kinematic pass at q, and the world inertias (world_inertia(ts)) if computed.
+    kinematics: tuple[TreeState, RigidInertia | None]
+    # Small batches (:func:`_aba_small`): every tensor batch-first, ``(k, B, ...)``, the shifts
+    # as transforms ``X``; the root as ``(S0 (B, 6 comp, 6 dof), U0, D0)``.
+    batch_first: bool = False
 
 
-def _aba(tree: KinematicTree, mt: ModelTensors, q: Tensor, v: Tensor, tau: Tensor, f_ext, passive: bool
-         ) -> tuple[Tensor, _Factors]:
-    ts = tree_state(tree, mt, q)
+def _aba(tree: KinematicTree, mt: ModelTensors, q: Tensor, v: Tensor, tau: Tensor, f_ext, passive: bool,
+         small: bool | None = None) -> tuple[Tensor, _Factors]:
+    """ABA: ``qdd (B, nv)`` and the factors that apply ``M(q)^{-1}``. ``small``: take the
+    batch-first path of :func:`_aba_small` (default: for batches up to ``ABA_MATRIX_MAX_BATCH``);
+    :func:`factor_tensors` needs ``False``."""
+    world = world_frame()
+    ts = tree_state(tree, mt, q, centered=not world)
     vT, tauT = v.transpose(0, 1), tau.transpose(0, 1)
-    S = ts.S
-    vt = velocity_terms(tree, ts, vT, f_ext)
-    c = vt.c  # (nv, 6, B)
     if passive:
         tauT = add_passive(tree, mt, tauT, q.transpose(0, 1), vT, 1.0)
-    IA = list(vt.inertia.matrix().unbind(0))
-    pA = list(vt.bias.unbind(0))
-    off = tree.nfree
-    levels: list[_Level] = []
-    for idx, par, dofs in level_structure(tree):
-        if len(idx) == 1:
-            Il, pl = IA[idx[0]], pA[idx[0]]
-        else:
-            Il, pl = torch.stack([IA[b] for b in idx]), torch.stack([pA[b] for b in idx])
-        Sl, cl, tl = S[dofs], c[dofs], tauT[dofs]
-        U = mv(Il, Sl)
-        D = (Sl * U).sum(-2)
-        Ud = U / D[..., None, :]
-        u = tl - (Sl * pl).sum(-2)
-        Ia = torch.addcmul(Il, U[..., :, None, :], Ud[..., None, :, :], value=-1)
-        pa = torch.addcmul(pl + mv(Ia, cl), Ud, u[..., None, :])
-        if len(idx) == 1:
-            if par[0] >= 0:
-                IA[par[0]] = IA[par[0]] + Ia
-                pA[par[0]] = pA[par[0]] + pa
-        else:
-            for k, p in enumerate(par):
-                if p >= 0:
-                    IA[p] = IA[p] + Ia[k]
-                    pA[p] = pA[p] + pa[k]
-        levels.append(_Level(idx, par, dofs, U, D, Ud, u, Sl, cl))
+    if world:  # everything at the world origin: no shifts between bodies
+        vt = velocity_terms(tree, ts, vT, f_ext)
+        S, inertia = ts.S, vt.inertia
+        levels, IA0, pA0 = _sweep(tree, inertia, vt.bias, S, vt.c, tauT, None)
+    else:
+        lt = local_terms(tree, ts, vT, f_ext)
+        S, inertia = lt.Sl, None  # S: (nv, 6, B) at each body's origin
+        dof_V = lt.V[tree.tables(q.dtype, q.device).dof_body] if tree.nfree else lt.V
+        c = motion_cross(dof_V, S * vT[:, None])  # (nv, 6, B): d/dt S_d = V_body(d) x S_d
+        shifts = parent_shifts(tree, ts, small)
+        if shifts.X is not None:
+            a_w = gravity_acceleration(mt).transpose(0, 1).expand(q.shape[0], 6)
+            qdd, levels, root = _aba_small(tree, lt.inertia, lt.bias, S, c, tauT, shifts, a_w)
+            return qdd, _Factors(levels, root, (ts, None), batch_first=True)
+        levels, IA0, pA0 = _sweep(tree, lt.inertia, lt.bias, S, c, tauT, shifts)
 
     B = q.shape[0]
-    a_world = gravity_acceleration(mt).expand(6, B)
+    a_world = gravity_acceleration(mt).expand(6, B)  # a pure linear acceleration: the same at every point
     A: list[Tensor] = [None] * tree.nb  # type: ignore[list-item]
     pieces: list[Tensor] = []
     root = None
-    if off:
+    if tree.nfree:
         S0 = S[:6].transpose(0, 1)  # (6 components, 6 dofs, B)
-        U0 = mm(IA[0], S0)
+        U0 = mm(IA0, S0)
         D0 = mm(S[:6], U0)
-        rhs = tauT[:6] - mv(S[:6], pA[0]) - mv(U0.transpose(0, 1), a_world)
+        rhs = tauT[:6] - mv(S[:6], pA0) - mv(U0.transpose(0, 1), a_world)
         q0 = _solve6(D0, rhs)
         A[0] = a_world + mv(S0, q0)
         pieces.append(q0)
         root = (S0, U0, D0)
     for lv in reversed(levels):
-        apc = _parent_accel(A, lv.par, a_world) + lv.c
+        ap = _parent_accel(A, lv.par, a_world)
+        apc = (ap if lv.shift is None else lv.shift.motion_down(ap)) + lv.c
         ql = (lv.u - (lv.U * apc).sum(-2)) / lv.D
         Al = torch.addcmul(apc, lv.S, ql[..., None, :])
         if len(lv.idx) == 1:
@@ -144,7 +147,126 @@ def _aba(tree: KinematicTree, mt: ModelTensors, q: Tensor, v: Tensor, tau: Tenso
                 A[b] = Al[k]
             pieces.append(ql)
     qdd = torch.cat(pieces, 0)[list(tree.aba_gather)]  # (nv, B) in DoF order
-    return qdd.transpose(0, 1), _Factors(levels, root, (ts, vt.inertia))
+    return qdd.transpose(0, 1), _Factors(levels, root, (ts, inertia))
+
+
+def _aba_small(tree: KinematicTree, inertia: RigidInertia, bias: Tensor, S: Tensor, c: Tensor, tauT: Tensor,
+               shifts: Shift, a_w: Tensor) -> tuple[Tensor, list[_Level], tuple | None]:
+    """ABA for small batches, batch-first: every product of a 6x6 matrix is one batched matrix
+    product, and a shift to the parent's origin two (``X^T Ia X``). Returns ``qdd (B, nv)``, the
+    levels and the root factors (batch-first, see :class:`_Factors`); ``a_w (B, 6)`` is the
+    acceleration that stands in for gravity."""
+    IA = list(inertia.matrix().permute(0, 3, 1, 2).unbind(0))  # (B, 6, 6) about each body's origin
+    pA = list(bias.permute(0, 2, 1).unbind(0))  # (B, 6)
+    Sb, cb, tb = S.permute(0, 2, 1), c.permute(0, 2, 1), tauT  # (nv, B, 6), (nv, B, 6), (nv, B)
+    X = shifts.X  # (nb, B, 6, 6)
+    levels: list[_Level] = []
+    for (idx, par, dofs), index in zip(level_structure(tree), tables_of(tree, S).levels):
+        single = len(idx) == 1
+        if single:
+            Il, pl = IA[idx[0]], pA[idx[0]]
+        else:
+            Il, pl = torch.stack([IA[b] for b in idx]), torch.stack([pA[b] for b in idx])
+        Sl, cl, tl = Sb[dofs], cb[dofs], tb[dofs]
+        U = (Il @ Sl[..., None])[..., 0]
+        D = (Sl * U).sum(-1)
+        Ud = U / D[..., None]
+        u = tl - (Sl * pl).sum(-1)
+        Ia = torch.addcmul(Il, U[..., :, None], Ud[..., None, :], value=-1)
+        pa = torch.addcmul(pl + (Ia @ cl[..., None])[..., 0], Ud, u[..., None])
+        Xl = None
+        if par[0] >= 0:  # move to the parents' origins, then add
+            Xl = X[idx[0]] if single else X.index_select(0, index)
+            Xt = Xl.transpose(-1, -2)
+            Ia, pa = Xt @ Ia @ Xl, (Xt @ pa[..., None])[..., 0]
+            if single:
+                IA[par[0]] = IA[par[0]] + Ia
+                pA[par[0]] = pA[par[0]] + pa
+            else:
+                for k, pb in enumerate(par):
+                    IA[pb] = IA[pb] + Ia[k]
+                    pA[pb] = pA[pb] + pa[k]
+        levels.append(_Level(idx, par, dofs, U, D, Ud, u, Sl, cl, None if Xl is None else Shift(None, Xl)))
+
+    A: list[Tensor] = [None] * tree.nb  # type: ignore[list-item]
+    pieces: list[Tensor] = []
+    root = None
+    if tree.nfree:
+        S0 = Sb[:6].permute(1, 2, 0)  # (B, 6 components, 6 dofs)
+        U0 = IA[0] @ S0
+        D0 = S0.transpose(-1, -2) @ U0
+        rhs = tb[:6].transpose(0, 1) - (S0.transpose(-1, -2) @ pA[0][..., None])[..., 0] - \
+            (a_w[:, None] @ U0)[:, 0]
+        q0 = torch.linalg.solve(D0, rhs)  # (B, 6)
+        A[0] = a_w + (S0 @ q0[..., None])[..., 0]
+        pieces.append(q0.transpose(0, 1))
+        root = (S0, U0, D0)
+    for lv in reversed(levels):
+        ap = _parent_accel(A, lv.par, a_w)
+        if lv.shift is not None:
+            ap = (lv.shift.X @ ap[..., None])[..., 0]
+        apc = ap + lv.c
+        ql = (lv.u - (lv.U * apc).sum(-1)) / lv.D
+        Al = torch.addcmul(apc, lv.S, ql[..., None])
+        if len(lv.idx) == 1:
+            A[lv.idx[0]] = Al
+            pieces.append(ql[None])
+        else:
+            for k, b in enumerate(lv.idx):
+                A[b] = Al[k]
+            pieces.append(ql)
+    qdd = torch.cat(pieces, 0)[list(tree.aba_gather)]  # (nv, B) in DoF order
+    return qdd.transpose(0, 1), levels, root
+
+
+def _level_shift(shifts: Shift | None, idx: tuple[int, ...], par: tuple[int, ...], index: Tensor | None
+                 ) -> Shift | None:
+    if par[0] < 0 or shifts is None:
+        return None
+    return shifts.select(idx[0] if index is None else index)
+
+
+def _sweep(tree: KinematicTree, inertia: RigidInertia, bias: Tensor, S: Tensor, c: Tensor, tauT: Tensor,
+           shifts: Shift | None) -> tuple[list[_Level], Tensor | None, Tensor | None]:
+    """ABA's inward sweep (batch-last). A revolute column ``(0; w)`` at its body's origin meets
+    only the right half of the articulated inertia. ``shifts=None``: everything at the world
+    origin (no shifts, dense columns)."""
+    IA = list(inertia.matrix().unbind(0))
+    pA = list(bias.unbind(0))
+    prismatic = tree.is_prismatic
+    levels: list[_Level] = []
+    for (idx, par, dofs), index in zip(level_structure(tree), tables_of(tree, S).levels):
+        single = len(idx) == 1
+        if single:
+            Il, pl = IA[idx[0]], pA[idx[0]]
+        else:
+            Il, pl = torch.stack([IA[b] for b in idx]), torch.stack([pA[b] for b in idx])
+        Sl, cl, tl = S[dofs], c[dofs], tauT[dofs]
+        if shifts is None or any(prismatic[b - tree.nfree] for b in idx):
+            U = mv(Il, Sl)
+            D = (Sl * U).sum(-2)
+            u = tl - (Sl * pl).sum(-2)
+        else:
+            w = Sl[..., 3:, :]
+            U = mv(Il[..., 3:, :], w)
+            D = (w * U[..., 3:, :]).sum(-2)
+            u = tl - (w * pl[..., 3:, :]).sum(-2)
+        Ud = U / D[..., None, :]
+        Ia = torch.addcmul(Il, U[..., :, None, :], Ud[..., None, :, :], value=-1)
+        pa = torch.addcmul(pl + mv(Ia, cl), Ud, u[..., None, :])
+        sh = _level_shift(shifts, idx, par, index)
+        if par[0] >= 0:
+            if sh is not None:  # move to the parents' origins, then add
+                Ia, pa = sh.inertia_up(Ia), sh.force_up(pa)
+            if single:
+                IA[par[0]] = IA[par[0]] + Ia
+                pA[par[0]] = pA[par[0]] + pa
+            else:
+                for k, pb in enumerate(par):
+                    IA[pb] = IA[pb] + Ia[k]
+                    pA[pb] = pA[pb] + pa[k]
+        levels.append(_Level(idx, par, dofs, U, D, Ud, u, Sl, cl, sh))
+    return levels, IA[0] if tree.nfree else None, pA[0] if tree.nfree else None
 
 
 def level_structure(tree: KinematicTree) -> list[tuple[tuple[int, ...], tuple[int, ...], list[int] | int]]:
@@ -159,24 +281,31 @@ def level_structure(tree: KinematicTree) -> list[tuple[tuple[int, ...], tuple[in
 
 
 def factor_tensors(factors: _Factors) -> list[Tensor]:
-    """The tensors of ``factors`` that :func:`factors_from` needs besides the kinematics:
-    ``U, D`` of every depth (and of a floating base)."""
-    out = [t for lv in factors.levels for t in (lv.U, lv.D)]
+    """The tensors of ``factors`` that :func:`factors_from` needs: ``U, D, S`` and the shifts
+    ``r`` of every depth (below the world), and ``S0, U0, D0`` of a floating base (batch-last
+    factors: ``_aba(..., small=False)``)."""
+    if factors.batch_first:
+        raise ValueError("factor_tensors needs the batch-last factors of _aba(..., small=False)")
+    out = [t for lv in factors.levels for t in (lv.U, lv.D, lv.S) + (() if lv.shift is None else (lv.shift.r,))]
     if factors.root is not None:
-        out += [factors.root[1], factors.root[2]]
+        out += list(factors.root)
     return out
 
 
-def factors_from(tree: KinematicTree, ts: TreeState, tensors: list[Tensor]) -> _Factors:
-    """Rebuild the :class:`_Factors` that apply ``M^{-1}`` from :func:`factor_tensors` and the
-    kinematic pass ``ts`` at the same configuration."""
+def factors_from(tree: KinematicTree, ts: TreeState | None, tensors: list[Tensor]) -> _Factors:
+    """Rebuild the :class:`_Factors` that apply ``M^{-1}`` from :func:`factor_tensors` (``ts``,
+    the kinematic pass at the same configuration, is only carried along)."""
     levels = []
-    for k, (idx, par, dofs) in enumerate(level_structure(tree)):
-        U, D = tensors[2 * k], tensors[2 * k + 1]
-        levels.append(_Level(idx, par, dofs, U, D, U / D[..., None, :], None, ts.S[dofs], None))
-    root = None
-    if tree.nfree:
-        root = (ts.S[:6].transpose(0, 1), tensors[-2], tensors[-1])
+    k = 0
+    for idx, par, dofs in level_structure(tree):
+        U, D, S = tensors[k:k + 3]
+        k += 3
+        sh = None
+        if par[0] >= 0:
+            sh = Shift(tensors[k])
+            k += 1
+        levels.append(_Level(idx, par, dofs, U, D, U / D[..., None, :], None, S, None, sh))
+    root = tuple(tensors[k:k + 3]) if tree.nfree else None
     return _Factors(levels, root, (ts, None))
 
 
@@ -193,6 +322,8 @@ def _solve6(D0: Tensor, rhs: Tensor) -> Tensor:
 
 def apply_inverse_mass(tree: KinematicTree, factors: _Factors, g: Tensor) -> Tensor:
     """``M(q)^{-1} g`` for ``g (B, nv)`` from the factors of a previous ABA pass at ``q``."""
+    if factors.batch_first:
+        return _apply_inverse_mass_small(tree, factors, g)
     gT = g.transpose(0, 1)
     pA: list[Tensor | None] = [None] * tree.nb
     us = []
@@ -200,6 +331,8 @@ def apply_inverse_mass(tree: KinematicTree, factors: _Factors, g: Tensor) -> Ten
         pl = _stack_opt(pA, lv.idx)
         u = gT[lv.dofs] if pl is None else gT[lv.dofs] - (lv.S * pl).sum(-2)
         pa = lv.Ud * u[..., None, :] if pl is None else torch.addcmul(pl, lv.Ud, u[..., None, :])
+        if lv.shift is not None:
+            pa = lv.shift.force_up(pa)
         for k, p in enumerate(lv.par):
             if p >= 0:
                 pk = pa if len(lv.par) == 1 else pa[k]
@@ -215,8 +348,51 @@ def apply_inverse_mass(tree: KinematicTree, factors: _Factors, g: Tensor) -> Ten
         out[:6] = x0
     for lv, u in zip(reversed(factors.levels), reversed(us)):
         ap = _stack_opt(A, lv.par)
+        if ap is not None and lv.shift is not None:
+            ap = lv.shift.motion_down(ap)
         ql = u / lv.D if ap is None else (u - (lv.U * ap).sum(-2)) / lv.D
         Al = lv.S * ql[..., None, :] if ap is None else torch.addcmul(ap, lv.S, ql[..., None, :])
+        if len(lv.idx) == 1:
+            A[lv.idx[0]] = Al
+        else:
+            for k, b in enumerate(lv.idx):
+                A[b] = Al[k]
+        out[lv.dofs] = ql
+    return out.transpose(0, 1)
+
+
+def _apply_inverse_mass_small(tree: KinematicTree, factors: _Factors, g: Tensor) -> Tensor:
+    """:func:`apply_inverse_mass` from the batch-first factors of :func:`_aba_small`."""
+    gT = g.transpose(0, 1)
+    pA: list[Tensor | None] = [None] * tree.nb
+    us = []
+    for lv in factors.levels:
+        pl = _stack_opt(pA, lv.idx)
+        u = gT[lv.dofs] if pl is None else gT[lv.dofs] - (lv.S * pl).sum(-1)
+        pa = lv.Ud * u[..., None] if pl is None else torch.addcmul(pl, lv.Ud, u[..., None])
+        if lv.shift is not None:
+            pa = (lv.shift.X.transpose(-1, -2) @ pa[..., None])[..., 0]
+        for k, p in enumerate(lv.par):
+            if p >= 0:
+                pk = pa if len(lv.par) == 1 else pa[k]
+                pA[p] = pk if pA[p] is None else pA[p] + pk
+        us.append(u)
+    A: list[Tensor | None] = [None] * tree.nb
+    out = torch.empty_like(gT)
+    if factors.root is not None:
+        S0, _, D0 = factors.root
+        rhs = gT[:6].transpose(0, 1)
+        if pA[0] is not None:
+            rhs = rhs - (S0.transpose(-1, -2) @ pA[0][..., None])[..., 0]
+        x0 = torch.linalg.solve(D0, rhs)
+        A[0] = (S0 @ x0[..., None])[..., 0]
+        out[:6] = x0.transpose(0, 1)
+    for lv, u in zip(reversed(factors.levels), reversed(us)):
+        ap = _stack_opt(A, lv.par)
+        if ap is not None and lv.shift is not None:
+            ap = (lv.shift.X @ ap[..., None])[..., 0]
+        ql = u / lv.D if ap is None else (u - (lv.U * ap).sum(-1)) / lv.D
+        Al = lv.S * ql[..., None] if ap is None else torch.addcmul(ap, lv.S, ql[..., None])
         if len(lv.idx) == 1:
             A[lv.idx[0]] = Al
         else:
@@ -254,17 +430,18 @@ def aba_flat(
 def _solve_crba(tree: KinematicTree, mt: ModelTensors, q, v, tau, f_ext, passive
                 ) -> tuple[Tensor, tuple[Tensor, Tensor], tuple]:
     """``qdd (B, nv)`` from the mass matrix and the bias forces, the LU factors of ``M``, and the
-    kinematic pass with the world inertias."""
-    ts = tree_state(tree, mt, q)
-    inertia = world_inertia(ts)
-    M = crba_flat(tree, mt, q, ts, inertia)
+    centered kinematic pass (with ``None`` for the world inertias, which it does not need)."""
+    world = world_frame()
+    ts = tree_state(tree, mt, q, centered=not world)
+    inertia = world_inertia(ts) if world else com_inertia(tree, ts)
+    M = crba_world_bl(tree, ts, inertia) if world else crba_bl(tree, ts, inertia)
     h = rnea_bl(tree, ts, q.transpose(0, 1), v.transpose(0, 1), None, f_ext, passive, inertia).transpose(0, 1)
     # LU, not Cholesky: with two threads MKL's potrf stalls for milliseconds whenever the other core
     # is busy, even on one 7x7 matrix (measured on a shared machine: one call in six; none with one
     # thread), and getrf/getrs do not. M is positive definite, so no pivot vanishes and the info
     # flag need not be checked (no sync).
     LU, piv, _ = torch.linalg.lu_factor_ex(M)
-    return _lu_apply(LU, piv, tau - h), (LU, piv), (ts, inertia)
+    return _lu_apply(LU, piv, tau - h), (LU, piv), (ts, inertia if world else None)
 
 
 def _lu_apply(LU: Tensor, piv: Tensor, b: Tensor) -> Tensor:
@@ -355,10 +532,8 @@ def _mimic_forward_dynamics(tree: KinematicTree, mt: ModelTensors, q, v, tau, f_
     """Forward dynamics of a tree with mimic joints: ``G^T M G qdd = tau - G^T h`` in the generalised
     coordinates (ABA does not take the coupling; plain autograd for the gradient)."""
     qj, vj = joint_q(tree, q), joint_v(tree, v)
-    ts = tree_state(tree, mt, qj)
-    inertia = world_inertia(ts)
-    M = generalized_mass(tree, crba_flat(tree, mt, qj, ts, inertia))
-    h = rnea_bl(tree, ts, qj.transpose(0, 1), vj.transpose(0, 1), None, f_ext, passive, inertia).transpose(0, 1)
+    M = generalized_mass(tree, crba_flat(tree, mt, qj))
+    h = rnea_flat(tree, mt, qj, vj, None, f_ext, passive)
     return torch.linalg.solve(M, tau - generalized_force(tree, h))
 
 

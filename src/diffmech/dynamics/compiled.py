@@ -37,7 +37,7 @@ from .._warnings import warn
 from ..errors import DiffmechError, OptionError, ShapeError
 from ..model.parameters import ModelTensors, RobotParameters
 from ..model.tree import KinematicTree
-from ._common import RigidInertia, TreeState
+from ._common import RigidInertia, TreeState, world_inertia
 from .aba import _aba, aba_flat, apply_inverse_mass, factor_tensors, factors_from
 from .crba import crba_flat
 from .kernel_store import NativeUnavailable, available
@@ -74,8 +74,9 @@ def _fd_saving(tree: KinematicTree, mt, passive, q, v, u):
     """ABA's value and what its hand-written backward needs (see :func:`_fd_backward`): the
     world-frame columns ``S``, the world inertias ``(h, I)``, the base orientation (floating base)
     and the articulated-body factors."""
-    qdd, factors = _aba(tree, mt, q, v, u, None, passive)
-    ts, inertia = factors.kinematics
+    qdd, factors = _aba(tree, mt, q, v, u, None, passive, small=False)
+    ts, _ = factors.kinematics
+    inertia = world_inertia(ts)  # what the RNEA VJP reads
     base = [ts.R[0]] if tree.nfree else []
     return (qdd, ts.S, inertia.h, inertia.I, *base, *factor_tensors(factors))
 

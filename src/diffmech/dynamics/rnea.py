@@ -1,12 +1,15 @@
 """Inverse dynamics by the Recursive Newton-Euler Algorithm (Featherstone 2008, ch. 5).
 
-Written in the world frame: velocities and accelerations of all bodies are sums over ancestor
-joints and the joint forces sums over subtrees, so each sweep of the textbook recursion is one
-masked matrix product over all bodies.
+Written in world-aligned axes: velocities and accelerations of all bodies are sums over ancestor
+joints (one masked matrix product at the world origin, then moved to each body's origin), each
+body's force is formed about its own origin, and the joint forces are sums over subtrees of forces
+moved to the joint's body along short levers (:mod:`._local`), so each sweep of the textbook
+recursion is a few batched operations over all bodies at once.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ..model.parameters import ModelTensors, RobotParameters
@@ -23,10 +26,12 @@ from ._common import (
     joint_q,
     joint_v,
     masks,
+    motion_cross,
     tree_state,
     tree_sum,
-    velocity_terms,
 )
+from ._local import ComInertia, com_forces, com_inertia, local_columns, subtree_forces, tables_of
+from ._world import rnea_world_bl, world_frame
 from .kernels import default_native
 
 __all__ = ["rnea", "inverse_dynamics", "bias_forces", "generalized_gravity", "rnea_flat", "rnea_bl"]
@@ -46,7 +51,7 @@ def rnea_flat(
     f_ext (B, n_links, 6) -> (B, nv)`` (sizes of ``tree``; the generalised coordinates too unless
     the tree has mimic joints, see :func:`~diffmech.dynamics._common.joint_q`)."""
     if ts is None:
-        ts = tree_state(tree, mt, q)
+        ts = tree_state(tree, mt, q, centered=not world_frame())
     aT = None if a is None else a.transpose(0, 1)
     return rnea_bl(tree, ts, q.transpose(0, 1), v.transpose(0, 1), aT, f_ext, passive).transpose(0, 1)
 
@@ -59,20 +64,32 @@ def rnea_bl(
     aT: Tensor | None,
     f_ext: Tensor | None,
     passive: bool,
-    inertia: RigidInertia | None = None,
+    inertia: ComInertia | RigidInertia | None = None,
 ) -> Tensor:
     """Batch-last RNEA: ``qT (nq, B), vT (nv, B), aT (nv, B) -> tau (nv, B)``.
 
     ``aT=None`` stands for zero accelerations (the bias forces ``h``); ``inertia`` is
-    ``world_inertia(ts)`` when the caller already has it.
+    ``com_inertia(tree, ts)`` (``world_inertia(ts)`` in the world frame, see
+    :func:`~diffmech.dynamics.set_eager_frame`) when the caller already has it. ``ts`` should be
+    centered (``tree_state(..., centered=True)``) for float32 accuracy far from the origin.
     """
+    if world_frame():
+        return rnea_world_bl(tree, ts, qT, vT, aT, f_ext, passive, inertia)
     mt = ts.mt
-    S = ts.S  # (nv, 6, B)
-    vt = velocity_terms(tree, ts, vT, f_ext, inertia)
-    mask_bd, mask_db = masks(tree, vT)
-    A = tree_sum(mask_bd, vt.c if aT is None else S * aT[:, None] + vt.c) + gravity_acceleration(mt)
-    F = vt.inertia.apply(A) + vt.bias
-    tau = (S * tree_sum(mask_db, F)).sum(1)  # project subtree forces on each joint, (nv, B)
+    S = ts.S  # (nv, 6, B) at the world origin
+    ci = com_inertia(tree, ts) if inertia is None else inertia
+    lt = tables_of(tree, vT)
+    mask_bd, _ = masks(tree, vT)
+    Sv = S * vT[:, None]
+    V_O = tree_sum(mask_bd, Sv)
+    # Each column moves with its body: d/dt S_d = V_body(d) x S_d (without a floating base DoF d is body d).
+    c = motion_cross(V_O[tree.tables(vT.dtype, vT.device).dof_body] if tree.nfree else V_O, Sv)
+    A_O = tree_sum(mask_bd, c if aT is None else torch.addcmul(c, S, aT[:, None])) + gravity_acceleration(mt)
+    f, n = com_forces(tree, ts, ci, V_O, A_O, f_ext)
+    Fs = subtree_forces(ci, f, n, lt)  # (nb, 6, B) about each body's origin
+    if tree.nfree:
+        Fs = Fs[tree.tables(vT.dtype, vT.device).dof_body]
+    tau = (local_columns(ts, lt) * Fs).sum(1)  # project subtree forces on each joint, (nv, B)
     if passive:
         tau = add_passive(tree, mt, tau, qT, vT, -1.0)
     return tau

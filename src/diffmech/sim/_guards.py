@@ -29,7 +29,6 @@ import math
 import torch
 from torch import Tensor
 
-from ..dynamics.rnea import rnea_flat
 from ..errors import SimulationError
 from ..robot import RobotModel
 from .integrators import Integrator
@@ -173,8 +172,10 @@ class ForwardMonitor:
         nw = starts.shape[0]
         q_mid = qs[:, mid].reshape(B * nw, nq)
         fe = None if fes is None else fes[:, mid].reshape(B * nw, *fes.shape[2:])
-        mt = robot.model_tensors(qs.dtype, qs.device)
-        hold = rnea_flat(robot.tree, mt, q_mid, q_mid.new_zeros(B * nw, nv), None, fe, self.passive).reshape(B, nw, nv)
+        # The torques that hold each window's middle state at rest (gravity, springs): the public
+        # call, which also maps the generalised coordinates of mimic joints.
+        zero = q_mid.new_zeros(B * nw, nv)
+        hold = robot.inverse_dynamics(q_mid, zero, zero, f_ext=fe, passive=self.passive).reshape(B, nw, nv)
         vbar = 0.5 * (vs[:, mid] + vs[:, mid + 1])
         w = (self.dt * length) * ((us[:, mid] - hold) * vbar).sum(-1).abs()  # (B, nw)
         cum = self.budget[:, None] + torch.cumsum(w, 1)
