@@ -106,7 +106,9 @@ def symmetric(tree: KinematicTree, lt: LocalTables, vals: Tensor) -> Tensor:
     nv = tree.nv
     # Copies instead of a product with a mostly-zero matrix (which BLAS would thread, see
     # _common.SMALL_SUM), but one GEMV for a single state.
-    if vals.shape[-1] == 1 and not torch.compiler.is_compiling():
+    # (also under vmap, which has no batching rule for index_copy_)
+    if ((vals.shape[-1] == 1 or torch._C._are_functorch_transforms_active())
+            and not torch.compiler.is_compiling()):
         M = lt.crba_scatter @ vals  # (nv * nv, 1)
     else:
         src = torch.cat([vals, vals[: lt.far_d.shape[0]]])
