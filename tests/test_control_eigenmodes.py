@@ -91,8 +91,11 @@ def test_cli_learn_resume_report(tmp_path):
 def test_cli_stabilize_and_figures(tmp_path):
     out = str(tmp_path / "run")
     assert main(["eigenmode", "learn", "--config", "tiny", "--epochs", "2", "--out", out, "--no-progress"]) == 0
-    assert main(["eigenmode", "stabilize", out, "--gains", "1", "10", "--periods", "0.5", "--grid", "2",
-                 "--monodromy-steps", "41"]) == 0
+    # Two epochs leave the mode far from periodic: no limit cycle next to it, so the multipliers
+    # linearise along the stored orbit, with a warning that says so.
+    with pytest.warns(UserWarning, match="stored orbit"):
+        assert main(["eigenmode", "stabilize", out, "--gains", "1", "10", "--periods", "0.5", "--grid", "2",
+                     "--monodromy-steps", "41"]) == 0
     with open(os.path.join(out, "metrics.json")) as f:
         m = json.load(f)
     assert len(m["multipliers"]) == 3 and m["max_multiplier"] == max(m["multipliers"])

@@ -4,10 +4,9 @@ Batched and compiled rigid-body kernels allocate and free intermediates of a few
 call. glibc's ``malloc`` serves blocks above its mmap threshold with fresh ``mmap`` pages and hands
 freed heap tops back to the system, so every call pays page faults for memory it just released
 (glibc raises its thresholds as large blocks come and go, so a long-running process recovers
-most of this by itself). Measured on the iiwa at batch 1024 (2 threads), as the first workload of
-a fresh process: compiled forward dynamics at about 270k states/s with the defaults and 640k
-states/s with :func:`tune_allocator`; in the benchmark, which runs many cells before, the two
-settings are within run-to-run noise (BENCHMARKS.md). PyTorch's own performance guide recommends
+most of this by itself). The native kernels allocate only their outputs, so this matters for the
+torch code paths (eager and ``torch.compile``) at large batches, and mostly in the first seconds of
+a process. PyTorch's own performance guide recommends
 a caching allocator (jemalloc, tcmalloc) for the same reason; this is the no-install equivalent
 for glibc.
 

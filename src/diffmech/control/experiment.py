@@ -11,10 +11,11 @@ import time
 import numpy as np
 import torch
 
-from ..errors import DiffmechError
+from .._warnings import warn
+from ..errors import ConvergenceError, DiffmechError
 from .configs import get_config
 from .eigenmodes import EigenmodeTrainer, half_index
-from .floquet import limit_cycle, monodromy_autodiff, monodromy_fd, multipliers, ratio_multipliers
+from .floquet import limit_cycle, monodromy_autodiff, monodromy_fd, multipliers, orbit_point, ratio_multipliers
 from .stabilize import ModeStabilizer, Orbit, TrackingController, signals, simulate, simulate_ivp
 from .verify import as_float64, verify_mode
 
@@ -255,7 +256,15 @@ def stabilize(args: argparse.Namespace) -> dict:
 
     # cycle multipliers on the closed loop's own limit cycle (next to the stored orbit), undamped
     ms = int(args.monodromy_steps)
-    cyc = limit_cycle(stab, steps=ms)
+    try:
+        cyc = limit_cycle(stab, steps=ms)
+        cycle_note = "the closed loop's limit cycle"
+    except ConvergenceError as err:
+        # A mode far from periodic (an early or failed training) has no limit cycle next to its
+        # stored orbit: linearise along the stored orbit instead, and say so.
+        cyc = {"x0": orbit_point(stab, 0.25), "period": float(T), "gap": None, "return_error": None}
+        cycle_note = f"the stored orbit ({err}; the multipliers linearise along an orbit that is not periodic)"
+        warn(f"eigenmode stabilize: {cycle_note}")
     x0, Tc = cyc["x0"], cyc["period"]
     tm = time.perf_counter()
     Ma = monodromy_autodiff(stab, x0, Tc, steps=ms)
@@ -274,7 +283,7 @@ def stabilize(args: argparse.Namespace) -> dict:
     mu_energy_pred = math.exp(-gains[0] * float(np.trapezoid(pn, tq)))
     floquet = {
         "x0": x0.tolist(), "steps_per_period": ms, "limit_cycle_period": Tc, "limit_cycle_gap_q": cyc["gap"],
-        "limit_cycle_return_error": cyc["return_error"],
+        "limit_cycle_return_error": cyc["return_error"], "linearised_along": cycle_note,
         "autodiff": {"multipliers": [complex(z) for z in mu_a["nontrivial"]], "moduli": mu_a["moduli"],
                      "trivial": mu_a["trivial"], "max_modulus": mu_a["max_modulus"], "seconds": t_ad},
         "finite_differences": {"multipliers": [complex(z) for z in mu_f["nontrivial"]], "moduli": mu_f["moduli"],
