@@ -127,6 +127,26 @@ def _segments(hist: list[dict], size: int = 500) -> list[tuple[int, int, float, 
     return out
 
 
+def _bench_note() -> str:
+    """The convergence figures of ``benchmarks/results/eigen.json``, when it exists."""
+    path = os.path.join(ROOT, "benchmarks", "results", "eigen.json")
+    if not os.path.exists(path):
+        return ""
+    with open(path) as f:
+        b = json.load(f)
+    cv, step = b.get("converge"), b.get("steps", {}).get("100", {})
+    if not cv:
+        return ""
+    ratio = ""
+    if "diffmech" in step and "reference-style" in step:
+        ratio = (f"; one step {1e3 * step['diffmech']['median_s']:.0f} ms vs "
+                 f"{1e3 * step['reference-style']['median_s']:.0f} ms for the reference-style step "
+                 f"({step['reference-style']['median_s'] / step['diffmech']['median_s']:.1f}x, target 5x)")
+    return (f": with lr {cv['lr']:g} the high-accuracy error reached {1e3 * cv['ee_error_half_period']:.1f} mm after "
+            f"{cv['steps']} steps and {cv['train_s']:.0f} s of training (load average "
+            f"{b['load_before'][0]:.1f} -> {b['load_after'][0]:.1f} on the 2 cores){ratio}")
+
+
 def section(rows: list[dict]) -> str:
     """The EXPERIMENTS.md section on the ``main`` run (seed 001, section 5 of the paper)."""
     r = next((x for x in rows if x["run"] == "main"), None)
@@ -314,7 +334,7 @@ def section(rows: list[dict]) -> str:
           "times the later ones without needing more Newton iterations; the cause is not established (the "
           "machine was shared and metrics.json records no load). `benchmarks/bench_eigen.py` times one step "
           "against a reference-style step, and the convergence with one step per epoch at a larger learning rate "
-          "(BENCHMARKS.md, section *Eigenmode learning*).",
+          "(BENCHMARKS.md, section *Eigenmode learning*)" + _bench_note() + ".",
           f"- **Multipliers far below the seed's bound** ({max(mu):.3g} vs {SEED_MULTIPLIER_BOUND}). The seed "
           "gives only the bound; ours are measured on the controlled loop's own limit cycle (the learned orbit "
           f"is not exactly periodic, see above; the cycle has period {fl['limit_cycle_period']:.4f} s and lies "
