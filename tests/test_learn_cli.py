@@ -13,6 +13,7 @@ from diffmech.cli import main
 from diffmech.errors import DiffmechError
 from diffmech.learn import MODEL_NAMES, PRESETS, TrainConfig, run
 from diffmech.learn import cli as learn_cli
+from diffmech.learn.figures import comparison_markdown
 from diffmech.learn.sweep import sweep
 
 METRIC_KEYS = ("train_loss", "test_loss", "integration_loss", "energy_loss", "inertia_loss", "integration_median",
@@ -99,7 +100,12 @@ def test_resume_after_an_interruption_loses_nothing(tmp_path, monkeypatch, model
     # a finished run resumes to its metrics; more epochs continue it
     assert run(cfg, tmp_path / "b", resume=True, progress=False)["integration_loss"] == b["integration_loss"]
     c = run(_tiny(model=model, epochs=5), tmp_path / "b", resume=True, progress=False)
-    assert c["epochs"] == 5
+    assert c["epochs"] == 5 and c["cpu_s"] > 0
+    # a checkpoint of older code without cpu_s: the run's CPU time is unknown, not this session's alone
+    ck = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)
+    del ck["cpu_s"]
+    torch.save(ck, tmp_path / "b" / "checkpoint.pt")
+    assert run(_tiny(model=model, epochs=6), tmp_path / "b", resume=True, progress=False)["cpu_s"] is None
 
 
 def test_sweep_resumes_and_figures(tmp_path):
@@ -119,6 +125,28 @@ def test_sweep_resumes_and_figures(tmp_path):
     assert "| SyMo | integration error |" in table and "0.0277" in table  # the paper's SyMo value at N = 128
     lh = json.loads((tmp_path / "pendulum_long_horizon_N2.json").read_text())
     assert set(lh) == {"symo"} and lh["symo"]["newton_failures"] >= 0
+
+
+def test_comparison_table_of_a_partial_sweep():
+    rows = [{"system": "pendulum", "model": "e2e-symo", "n_ics": 128, "train_loss": 1.1867e-07, "test_loss": 1.1e-07,
+             "integration_loss": 0.027338, "energy_loss": 0.3789, "inertia_loss": 1.055e-05,
+             "integration_median": 0.002658, "energy_loss_consistent": 0.004825},
+            {"system": "pendulum", "model": "node-rk4", "n_ics": 64, "train_loss": 3e-08, "test_loss": 2e-08,
+             "integration_loss": 100.0, "energy_loss": 0.1, "inertia_loss": None}]
+    table = comparison_markdown(rows, "pendulum")
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()
+             if line.startswith("| ") and not line.startswith("| model")]
+    lines = {(c[0], c[1]): c[2:] for c in cells}
+    assert len(lines) == 6 * 7  # all six models of the paper, 5 paper metrics and 2 corrected ones
+    # ours beside the paper's (Figure 3, E2E-SyMo, N = 8 ... 128); cells without a run say so
+    assert lines["E2E-SyMo", "integration error"] == ["not run / 0.0228", "not run / 0.0302", "not run / 0.0039",
+                                                        "not run / 0.0239", "0.0273 / 0.028"]
+    assert lines["E2E-SyMo", "integration median"] == ["not run"] * 4 + ["0.00266"]
+    assert lines["NODE-RK4", "inertia error"] == ["not run / -"] * 3 + ["- / -", "not run / -"]
+    assert lines["SyMo", "train error"][0] == "not run / 2.67e-08"
+    # a system without published values: only the N that were run, only diffmech's values
+    other = comparison_markdown([{**rows[0], "system": "arm3", "n_ics": 32}], "arm3")
+    assert "| E2E-SyMo | integration error | 0.0273 |" in other and "/" not in other.split("\n", 2)[2]
 
 
 def test_ray_backend_needs_ray(tmp_path, monkeypatch):

@@ -110,6 +110,8 @@ def energy_figure(sweep_dir: str | Path, n_ics: int, path: str | Path, system, *
     """True energy of each model's rollout over time (one integration trajectory; SyMo: consistent velocity)."""
     import torch
 
+    if not any(_load_rollout(sweep_dir, m, n_ics) is not None for m in MODEL_NAMES):
+        return  # no finished run at this N (a partial sweep): no empty figure
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 3.5))
     E0 = None
@@ -195,20 +197,41 @@ def _fmt(x) -> str:
     return f"{x:.3g}" if 1e-3 <= abs(x) < 1e4 or x == 0 else f"{x:.2e}"
 
 
-def comparison_markdown(rows: list[dict], system: str) -> str:
-    """A markdown table: for each model and metric, diffmech's value and the paper's at N = 8 ... 128."""
+def comparison_markdown(rows: list[dict], system: str, *, models=None, n_ics=None) -> str:
+    """A markdown table: for each model and metric, diffmech's value beside the paper's at every N.
+
+    A partial sweep renders whole: a (model, N) cell without a finished run reads ``not run``; ``-``
+    marks a value that does not exist (NODE's inertia error, the paper's corrected metrics).
+
+    Args:
+        rows: run metrics (:func:`~.sweep.collect`).
+        system: selects the paper's values (``"pendulum"``, ``"cartpole"``; none for other systems).
+        models: rows of the table (default: the paper's models of ``system`` and every model in ``rows``).
+        n_ics: columns (default: the paper's N and every N in ``rows``).
+    """
     ref = PAPER.get(system, {})
-    lines = [f"| model | metric | N = {' / '.join(str(n) for n in N_ICS)} (diffmech) | paper |", "|---|---|---|---|"]
-    for m in MODEL_NAMES:
-        by_n = {r["n_ics"]: r for r in rows if r.get("model") == m}
-        if not by_n:
-            continue
+    have = {(r.get("model"), r.get("n_ics")): r for r in rows}
+    if models is None:
+        models = [m for m in MODEL_NAMES if m in ref or any(k[0] == m for k in have)]
+    if n_ics is None:
+        n_ics = sorted(set(N_ICS if ref else ()) | {k[1] for k in have if k[1] is not None})
+    paper_n = {n: i for i, n in enumerate(N_ICS)}
+    cell = "diffmech / paper" if ref else "diffmech"
+    lines = [f"| model | metric | {' | '.join(f'N = {n}' for n in n_ics)} |",
+             "|---|---|" + "---|" * len(n_ics)]
+    for m in models:
         for key, title in METRICS + (("integration_median", "integration median"),
                                      ("energy_loss_consistent", "energy, consistent v")):
-            ours = " / ".join(_fmt(by_n[n].get(key)) if n in by_n else "-" for n in N_ICS)
-            paper = " / ".join(_fmt(v) for v in ref.get(m, {}).get(key, ())) or "-"
-            lines.append(f"| {LABELS[m]} | {title} | {ours} | {paper} |")
-    return "\n".join(lines)
+            theirs = ref.get(m, {}).get(key)
+            cells = []
+            for n in n_ics:
+                ours = _fmt(have[m, n].get(key)) if (m, n) in have else "not run"
+                if theirs is not None:
+                    ours += " / " + (_fmt(theirs[paper_n[n]]) if n in paper_n else "-")
+                cells.append(ours)
+            lines.append(f"| {LABELS[m]} | {title} | {' | '.join(cells)} |")
+    return f"Each cell: {cell}" + (" (the paper has no corrected metrics)" if ref else "") + ".\n\n" + \
+        "\n".join(lines)
 
 
 def make_figures(sweep_dir: str | Path, out: str | Path | None = None, *, n_ics: int = 32, paper: bool = True,

@@ -13,7 +13,8 @@ and evaluates it; it writes into its folder:
   same result as an uninterrupted run;
 - ``metrics.json``: the paper-compatible metrics, the corrected ones (:mod:`.metrics`), Newton
   statistics, ``wall_s`` (training and evaluation, summed over resumed sessions) and ``cpu_s`` (the
-  process's CPU time over the same: the cost of the run on a machine it has to itself);
+  process's CPU time over the same: the cost of the run on a machine it has to itself; ``null`` when
+  the run resumed from a checkpoint written before ``cpu_s`` existed);
 - ``rollout.npz``: the integration-set predictions and per-trajectory errors.
 
 The protocol (the seed's): Adam, ``ReduceLROnPlateau(patience=50, factor=0.7)`` stepped on the
@@ -281,7 +282,8 @@ def run(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: bo
         gen.set_state(ck["generator"])
         torch.set_rng_state(ck["torch_rng"])
         history, start = ck["history"], ck["epoch"]
-        wall_prev, train_s_prev, cpu_prev = ck["wall_s"], ck["train_s"], ck.get("cpu_s", 0.0)
+        # checkpoints of older code lack cpu_s: the run's CPU time is then unknown, not this session's alone
+        wall_prev, train_s_prev, cpu_prev = ck["wall_s"], ck["train_s"], ck.get("cpu_s")
         last_train_pose = ck.get("last_train_pose")
         if start >= cfg.epochs and metrics_path.exists():
             return json.loads(metrics_path.read_text())
@@ -296,11 +298,14 @@ def run(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: bo
         roots_train, roots_test = ck["roots"]
     bs = cfg.batch_size
 
+    def cpu_total() -> float | None:
+        return None if cpu_prev is None else cpu_prev + time.process_time() - c0
+
     def save(epoch: int) -> None:
         _atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                       "generator": gen.get_state(), "torch_rng": torch.get_rng_state(), "history": history,
                       "epoch": epoch, "wall_s": wall_prev + time.perf_counter() - t0,
-                      "cpu_s": cpu_prev + time.process_time() - c0,
+                      "cpu_s": cpu_total(),
                       "train_s": train_s_prev + time.perf_counter() - t0, "last_train_pose": last_train_pose,
                       "roots": (roots_train, roots_test), "config": cfg.to_json()}, ckpt_path)
 
@@ -396,7 +401,7 @@ def run(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: bo
                                       if r["newton_iterations_max"] is not None), default=None),
         "train_newton_failures": int(sum(r["newton_failures"] for r in history)),
         "train_s": train_s, "eval_s": eval_s, "wall_s": wall_prev + time.perf_counter() - t0,
-        "cpu_s": cpu_prev + time.process_time() - c0,
+        "cpu_s": cpu_total(),
         "system": cfg.system, "model": cfg.model, "n_ics": cfg.n_ics, "h": cfg.h,
     })
     _write_json(metrics, metrics_path)
