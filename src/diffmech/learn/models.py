@@ -163,7 +163,8 @@ class _ODEModel(LearnedDynamics):
         self.train_integrator = train_integrator or (_RK4_38 if integrator == "rk4" else "midpoint")
 
     def acceleration(self, q: Tensor, v: Tensor, u: Tensor) -> Tensor:
-        raise NotImplementedError
+        """``qdd (B, n)`` of the learned vector field; each subclass (NODE, L-NODE) defines its own."""
+        raise NotImplementedError(f"{type(self).__name__} does not define acceleration()")
 
     def step(self, q: Tensor, v: Tensor, u: Tensor, method: str | None = None) -> tuple[Tensor, Tensor]:
         return _ode_step(lambda a, b: self.acceleration(a, b, u), q, v, self.h, method or self.integrator)
