@@ -17,8 +17,6 @@ tensors; the transposes happen once at the boundary.
 from __future__ import annotations
 
 import functools
-import threading
-import weakref
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -348,22 +346,9 @@ class LocalTables:
     eye3: Tensor
 
 
-_LOCAL_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_LOCAL_LOCK = threading.Lock()
-
-
 def local_tables(tree: KinematicTree, dtype: torch.dtype, device: torch.device) -> LocalTables:
     """The :class:`LocalTables` of ``tree`` (built once per tree, dtype and device)."""
-    per_tree = _LOCAL_TABLES.get(tree)
-    got = None if per_tree is None else per_tree.get((dtype, device))
-    if got is not None:
-        return got
-    with _LOCAL_LOCK:
-        per_tree = _LOCAL_TABLES.setdefault(tree, {})
-        got = per_tree.get((dtype, device))
-        if got is None:
-            got = per_tree[(dtype, device)] = _make_local_tables(tree, dtype, device)
-    return got
+    return tree.derived(("local", dtype, device), lambda: _make_local_tables(tree, dtype, device))
 
 
 def _make_local_tables(tree: KinematicTree, dtype: torch.dtype, device: torch.device) -> LocalTables:

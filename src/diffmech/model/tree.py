@@ -399,6 +399,20 @@ class KinematicTree:
                 self._tables[key] = got
         return got
 
+    def derived(self, key: tuple, build):
+        """A value derived from the tree alone, built once by ``build()`` and kept with the tree under
+        ``key`` (algorithms keep their own index tables here; an attribute of the tree, unlike a
+        module-level cache, is something ``torch.compile`` can guard on)."""
+        key = ("derived", *key)
+        got = self._tables.get(key)
+        if got is not None:
+            return got
+        with self._tables_lock:
+            got = self._tables.get(key)
+            if got is None:
+                got = self._tables[key] = build()
+        return got
+
     def _make_tables(self, dtype, device) -> TreeTables:
         nb, nv = self.nb, self.nv
         A = torch.tensor(self.body_ancestors, dtype=dtype).reshape(nb, nb)
