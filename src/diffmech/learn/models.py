@@ -29,6 +29,7 @@ Training-time quirks of the seed kept by default: NODE and L-NODE train with tor
 
 from __future__ import annotations
 
+from abc import ABCMeta, abstractmethod
 from typing import NamedTuple
 
 import torch
@@ -152,7 +153,7 @@ def _ode_step(f, q: Tensor, v: Tensor, h: float, method: str) -> tuple[Tensor, T
     raise ShapeError(f"unknown integrator {method!r}; use 'rk4', 'rk4-38' or 'midpoint'")
 
 
-class _ODEModel(LearnedDynamics):
+class _ODEModel(LearnedDynamics, metaclass=ABCMeta):
     """Shared code of NODE and L-NODE: one explicit step per sample, full-state MSE."""
 
     def __init__(self, n, h, input_matrix, integrator: str, train_integrator: str | None):
@@ -162,9 +163,9 @@ class _ODEModel(LearnedDynamics):
         self.integrator = integrator
         self.train_integrator = train_integrator or (_RK4_38 if integrator == "rk4" else "midpoint")
 
+    @abstractmethod
     def acceleration(self, q: Tensor, v: Tensor, u: Tensor) -> Tensor:
         """``qdd (B, n)`` of the learned vector field; each subclass (NODE, L-NODE) defines its own."""
-        raise NotImplementedError(f"{type(self).__name__} does not define acceleration()")
 
     def step(self, q: Tensor, v: Tensor, u: Tensor, method: str | None = None) -> tuple[Tensor, Tensor]:
         return _ode_step(lambda a, b: self.acceleration(a, b, u), q, v, self.h, method or self.integrator)
