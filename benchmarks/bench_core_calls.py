@@ -12,8 +12,9 @@ Sections (each a JSON entry and a table in BENCHMARKS.md):
 * ``overhead``: one native call at batch 1: the whole call (``compiled(...)``; the default path
   ``robot.inverse_dynamics``), the kernel alone, and the difference (the Python overhead).
 * ``first_call``: a fresh process with the kernels stored on disk: import time and the first call.
-* ``eager_under_load``: eager forward dynamics at batch 1 (the torch code, 2 threads), median and
-  90th percentile, alone and with busy processes on every core.
+* ``eager_under_load``: eager forward and inverse dynamics and the mass matrix at batch 1 (the
+  torch code, 2 threads), median and 90th percentile, alone and with busy processes on every core,
+  in the Jacobian formulation of small batches and the elementwise one.
 * ``default_call``: ``robot.forward_dynamics`` / ``inverse_dynamics`` without a graph at batch 1024,
   native kernels built by ``diffmech.dynamics.kernels.prepare``, against Pinocchio's batch API and
   differentiable-robot-model.
@@ -42,7 +43,7 @@ import torch
 import _peers
 import diffmech
 from bench_dynamics import time_call
-from diffmech.dynamics import compiled, kernels
+from diffmech.dynamics import _jacobian, compiled, kernels
 
 HERE = Path(__file__).resolve().parent
 START, END = "<!-- bench_core_calls:start -->", "<!-- bench_core_calls:end -->"
@@ -216,7 +217,7 @@ _FIRST = textwrap.dedent("""
     import time
     t0 = time.perf_counter()
     import torch, diffmech, diff_robot_data, os
-    from diffmech.dynamics import compiled, kernels
+    from diffmech.dynamics import _jacobian, compiled, kernels
     t1 = time.perf_counter()
     robot = diffmech.load_urdf(os.path.join(diff_robot_data.__path__[0], "kuka_iiwa/urdf/iiwa7.urdf"))
     q = robot.random_configuration(8); v = torch.zeros(8, 7, dtype=torch.float64)
@@ -253,10 +254,30 @@ def _busy(stop):
         sum(i * i for i in range(10000))
 
 
+def _median_ms(call, n: int = 400) -> tuple[float, list[float]]:
+    for _ in range(50):
+        call()
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        call()
+        ts.append(time.perf_counter() - t0)
+    ts.sort()
+    return 1e3 * statistics.median(ts), ts
+
+
 def bench_eager_under_load(args) -> dict:
+    """Eager calls at batch 1 on the iiwa, alone and with a busy process on every core, in the two
+    eager formulations of small batches: the centre-of-mass Jacobians (the default up to
+    ``JACOBIAN_MAX_BATCH`` states) and the elementwise one (what larger batches take), interleaved
+    in one process."""
     path, _ = _peers.robot_path("iiwa")
     robot = diffmech.load_urdf(path)
     q, v, a = states(robot, 1)
+    calls = {"forward_dynamics": lambda: robot.forward_dynamics(q, v, a),
+             "inverse_dynamics": lambda: robot.inverse_dynamics(q, v, a),
+             "mass_matrix": lambda: robot.mass_matrix(q)}
+    formulations = {"jacobian": _jacobian.JACOBIAN_MAX_BATCH, "elementwise": 0}
     out = {}
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -268,22 +289,21 @@ def bench_eager_under_load(args) -> dict:
                 p.start()
             try:
                 time.sleep(0.5)
-                ts = []
-                with kernels.native_mode("never"), torch.no_grad():
-                    for _ in range(50):
-                        robot.forward_dynamics(q, v, a)
-                    for _ in range(400):
-                        t0 = time.perf_counter()
-                        robot.forward_dynamics(q, v, a)
-                        ts.append(time.perf_counter() - t0)
+                for form, limit in formulations.items():
+                    _jacobian.JACOBIAN_MAX_BATCH = limit
+                    row = {}
+                    with kernels.native_mode("never"), torch.no_grad():
+                        for alg, call in calls.items():
+                            med, ts = _median_ms(call)
+                            row[alg] = {"median_ms": med, "p90_ms": 1e3 * ts[int(0.9 * len(ts))], "max_ms": 1e3 * ts[-1]}
+                    out[f"{busy} busy processes, {form}"] = row
+                    print(f"eager batch 1, {busy} busy, {form}: "
+                          + ", ".join(f"{k} {r['median_ms']:.3f} ms" for k, r in row.items()), flush=True)
             finally:
+                _jacobian.JACOBIAN_MAX_BATCH = formulations["jacobian"]
                 stop.set()
                 for p in procs:
                     p.join()
-            ts.sort()
-            out[f"{busy} busy processes"] = {"median_ms": 1e3 * statistics.median(ts), "p90_ms": 1e3 * ts[360],
-                                             "max_ms": 1e3 * ts[-1]}
-            print(f"eager FD batch 1, {busy} busy: {out[f'{busy} busy processes']}", flush=True)
     finally:
         torch.set_num_threads(threads)
     return out
@@ -381,10 +401,16 @@ def markdown(res: dict) -> str:
                          f"{r['first_compiled_call_s']:.3f} s | {r['first_default_call_s']:.3f} s |")
         lines.append("")
     if "eager_under_load" in res:
-        lines += ["### Eager forward dynamics at batch 1 (the torch code, iiwa, 2 threads)", "",
-                  "| machine | median | 90th percentile | max |", "| --- | ---: | ---: | ---: |"]
+        lines += ["### Eager calls at batch 1 (the torch code, iiwa, float64, 2 threads)", "",
+                  "Median per call, 90th percentile in brackets; `jacobian` is the formulation batches of up to "
+                  "`JACOBIAN_MAX_BATCH` states take, `elementwise` the one of larger batches (and of this "
+                  "call before it existed).", "",
+                  "| machine, formulation | forward dynamics | inverse dynamics | mass matrix |",
+                  "| --- | ---: | ---: | ---: |"]
         for k, r in res["eager_under_load"].items():
-            lines.append(f"| {k} | {r['median_ms']:.2f} ms | {r['p90_ms']:.2f} ms | {r['max_ms']:.2f} ms |")
+            cells = [f"{r[a]['median_ms']:.2f} ms ({r[a]['p90_ms']:.2f})"
+                     for a in ("forward_dynamics", "inverse_dynamics", "mass_matrix")]
+            lines.append(f"| {k} | " + " | ".join(cells) + " |")
         lines.append("")
     if "default_call" in res:
         lines += ["### The default call without a graph at batch 1024 (iiwa, float64, states per second)", "",

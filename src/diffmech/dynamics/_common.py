@@ -407,35 +407,43 @@ class LocalConstants(NamedTuple):
     p_tree: Tensor  # (nj, 3, 1) joint placements of the centered kinematic pass
 
 
-_CONSTANTS = torch.utils.weak.WeakIdKeyDictionary()
+_PER_MODEL = torch.utils.weak.WeakIdKeyDictionary()
+
+
+def per_model(tag: str, tensors: tuple, build):
+    """``build()``, kept per model-tensor bundle: a value computed from ``tensors`` alone (fields of one
+    :class:`~diffmech.model.parameters.ModelTensors`, which are replaced, never changed, when a
+    parameter changes) is reused while the same tensors come back and none carries a graph."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors) or torch.compiler.is_compiling():
+        return build()
+    got = _PER_MODEL.get(tensors[0])
+    if got is not None:
+        hit = got.get(tag)
+        if hit is not None and all(a is b for a, b in zip(hit[0], tensors[1:])):
+            return hit[1]
+    value = build()
+    if not (torch.is_inference_mode_enabled() or torch._C._are_functorch_transforms_active()):
+        _PER_MODEL.setdefault(tensors[0], {})[tag] = (tensors[1:], value)
+    return value
 
 
 def local_constants(tree: KinematicTree, mt: ModelTensors) -> LocalConstants:
-    """The :class:`LocalConstants` of ``mt``; cached per model-tensor bundle (whose tensors are
-    replaced, never changed, when a parameter changes) while none of them carries a graph."""
-    key = mt.body_I
-    cacheable = not (torch.is_grad_enabled() and any(t.requires_grad for t in (mt.body_I, mt.body_h, mt.body_mass,
-                                                                              mt.p_tree)))
-    cacheable = cacheable and not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled()
-                                   or torch._C._are_functorch_transforms_active())
-    if cacheable:
-        got = _CONSTANTS.get(key)
-        if got is not None and got[0] is mt.body_h and got[1] is mt.body_mass and got[2] is mt.p_tree:
-            return got[3]
-    m, h = mt.body_mass, mt.body_h
-    c_loc = h / torch.where(m > 0, m, torch.ones_like(m))[:, None]
-    # I_c = I_o - m (|c|^2 1 - c c^T), with m c = h.
-    Ic_loc = torch.addcmul(mt.body_I, h[:, :, None], c_loc[:, None, :]) - \
-        (h * c_loc).sum(-1)[:, None, None] * torch.eye(3, dtype=m.dtype, device=m.device)
-    p_tree = mt.p_tree
-    if not tree.nfree:
-        # Bodies hanging from the world are placed relative to body 0's joint: its own offset
-        # becomes an exact zero, the others' the (constant, small) differences of the offsets.
-        p_tree = p_tree - local_tables(tree, p_tree.dtype, p_tree.device).root_mask * p_tree[:1]
-    out = LocalConstants(c_loc, Ic_loc, p_tree)
-    if cacheable and not any(t.requires_grad for t in out):
-        _CONSTANTS[key] = (mt.body_h, mt.body_mass, mt.p_tree, out)
-    return out
+    """The :class:`LocalConstants` of ``mt`` (kept per model-tensor bundle, see :func:`per_model`)."""
+
+    def build() -> LocalConstants:
+        m, h = mt.body_mass, mt.body_h
+        c_loc = h / torch.where(m > 0, m, torch.ones_like(m))[:, None]
+        # I_c = I_o - m (|c|^2 1 - c c^T), with m c = h.
+        Ic_loc = torch.addcmul(mt.body_I, h[:, :, None], c_loc[:, None, :]) - \
+            (h * c_loc).sum(-1)[:, None, None] * torch.eye(3, dtype=m.dtype, device=m.device)
+        p_tree = mt.p_tree
+        if not tree.nfree:
+            # Bodies hanging from the world are placed relative to body 0's joint: its own offset
+            # becomes an exact zero, the others' the (constant, small) differences of the offsets.
+            p_tree = p_tree - local_tables(tree, p_tree.dtype, p_tree.device).root_mask * p_tree[:1]
+        return LocalConstants(c_loc, Ic_loc, p_tree)
+
+    return per_model("local", (mt.body_I, mt.body_h, mt.body_mass, mt.p_tree), build)
 
 
 # ---------------------------------------------------------------- the kinematic pass

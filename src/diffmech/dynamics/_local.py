@@ -148,7 +148,7 @@ def external_forces(tree: KinematicTree, ts: TreeState, f_ext: Tensor, off: Tens
         lever = lever - off.index_select(0, body)
     f = f_ext[:, keep].permute(1, 2, 0)  # (k, 6, B)
     fw = torch.cat([f[:, :3], f[:, 3:] + cross(lever, f[:, :3])], dim=1)
-    out = torch.zeros(tree.nb, 6, f_ext.shape[0], dtype=f_ext.dtype, device=f_ext.device).index_add_(0, body, fw)
+    out = torch.zeros(tree.nb, 6, f_ext.shape[0], dtype=f_ext.dtype, device=f_ext.device).index_add(0, body, fw)
     return out[:, :3], out[:, 3:]
 
 

@@ -48,6 +48,7 @@ from ._common import (
     velocity_terms,
     world_inertia,
 )
+from ._jacobian import body_forces_jac, com_jacobians, mass_matrix_jac, use_jacobians
 from ._local import Shift, com_inertia, local_terms, parent_shifts, tables_of
 from ._world import crba_world_bl, world_frame
 from .crba import crba_bl, crba_flat
@@ -430,16 +431,26 @@ def aba_flat(
 def _solve_crba(tree: KinematicTree, mt: ModelTensors, q, v, tau, f_ext, passive
                 ) -> tuple[Tensor, tuple[Tensor, Tensor], tuple]:
     """``qdd (B, nv)`` from the mass matrix and the bias forces, the LU factors of ``M``, and the
-    centered kinematic pass (with ``None`` for the world inertias, which it does not need)."""
-    world = world_frame()
-    ts = tree_state(tree, mt, q, centered=not world)
-    inertia = world_inertia(ts) if world else com_inertia(tree, ts)
-    M = crba_world_bl(tree, ts, inertia) if world else crba_bl(tree, ts, inertia)
-    h = rnea_bl(tree, ts, q.transpose(0, 1), v.transpose(0, 1), None, f_ext, passive, inertia).transpose(0, 1)
+    centered kinematic pass with the world inertias (``None`` where not needed; ``None`` for both
+    where small batches took the Jacobian formulation, which has no such pass)."""
     # LU, not Cholesky: with two threads MKL's potrf stalls for milliseconds whenever the other core
     # is busy, even on one 7x7 matrix (measured on a shared machine: one call in six; none with one
     # thread), and getrf/getrs do not. M is positive definite, so no pivot vanishes and the info
     # flag need not be checked (no sync).
+    world = world_frame()
+    if not world and use_jacobians(q):
+        cj = com_jacobians(tree, mt, q)
+        LU, piv, _ = torch.linalg.lu_factor_ex(mass_matrix_jac(cj, symmetric=False))
+        if passive:
+            tau = add_passive(tree, mt, tau.transpose(0, 1), q.transpose(0, 1), v.transpose(0, 1), 1.0).transpose(0, 1)
+        # tau - J^T F as one product
+        rhs = torch.baddbmm(tau[..., None], cj.J.transpose(1, 2), body_forces_jac(tree, mt, cj, v, None, f_ext),
+                            alpha=-1.0)
+        return torch.linalg.lu_solve(LU, piv, rhs)[..., 0], (LU, piv), None
+    ts = tree_state(tree, mt, q, centered=not world)
+    inertia = world_inertia(ts) if world else com_inertia(tree, ts)
+    M = crba_world_bl(tree, ts, inertia) if world else crba_bl(tree, ts, inertia)
+    h = rnea_bl(tree, ts, q.transpose(0, 1), v.transpose(0, 1), None, f_ext, passive, inertia).transpose(0, 1)
     LU, piv, _ = torch.linalg.lu_factor_ex(M)
     return _lu_apply(LU, piv, tau - h), (LU, piv), (ts, inertia if world else None)
 
@@ -494,7 +505,7 @@ class _ForwardDynamics(torch.autograd.Function):
         if wanted and not any(flags[3:]):
             # Cotangents of the state (and external forces): the hand-written RNEA VJP (no graph to
             # record and replay), on the forward pass's kinematics.
-            ts, inertia = ctx.kinematics
+            ts, inertia = ctx.kinematics or (tree_state(ctx.tree, ModelTensors(*mt_fields), q, centered=True), None)
             gq, gv, gf = rnea_state_vjp(ctx.tree, q, v, qdd, -lam, ctx.passive, ts, inertia, f_ext=f_ext)
             grads[0] = gq if flags[0] else None
             grads[1] = gv if flags[1] else None

@@ -27,6 +27,7 @@ from ._common import (
     tree_state,
     tree_sum,
 )
+from ._jacobian import com_jacobians, mass_matrix_jac, use_jacobians
 from ._local import ComInertia, com_inertia, local_columns, segment_sum, tables_of
 from ._world import crba_world_bl, world_frame
 from .kernels import default_native
@@ -43,6 +44,8 @@ def crba_flat(tree: KinematicTree, mt: ModelTensors, q: Tensor, ts: TreeState | 
     :func:`~diffmech.dynamics.set_eager_frame`), which alone uses it.
     """
     world = world_frame()
+    if ts is None and not world and use_jacobians(q):
+        return mass_matrix_jac(com_jacobians(tree, mt, q))
     if ts is None:
         ts = tree_state(tree, mt, q, centered=not world)
     if world:
