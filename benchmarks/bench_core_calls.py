@@ -295,7 +295,8 @@ def bench_eager_under_load(args) -> dict:
                     with kernels.native_mode("never"), torch.no_grad():
                         for alg, call in calls.items():
                             med, ts = _median_ms(call)
-                            row[alg] = {"median_ms": med, "p90_ms": 1e3 * ts[int(0.9 * len(ts))], "max_ms": 1e3 * ts[-1]}
+                            row[alg] = {"median_ms": med, "p90_ms": 1e3 * ts[int(0.9 * len(ts))],
+                                        "max_ms": 1e3 * ts[-1]}
                     out[f"{busy} busy processes, {form}"] = row
                     print(f"eager batch 1, {busy} busy, {form}: "
                           + ", ".join(f"{k} {r['median_ms']:.3f} ms" for k, r in row.items()), flush=True)

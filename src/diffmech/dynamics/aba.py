@@ -48,7 +48,7 @@ from ._common import (
     velocity_terms,
     world_inertia,
 )
-from ._jacobian import body_forces_jac, com_jacobians, mass_matrix_jac, use_jacobians
+from ._jacobian import body_forces_jac, com_jacobians, mass_matrix_jac, one_thread, use_jacobians
 from ._local import Shift, com_inertia, local_terms, parent_shifts, tables_of
 from ._world import crba_world_bl, world_frame
 from .crba import crba_bl, crba_flat
@@ -439,14 +439,16 @@ def _solve_crba(tree: KinematicTree, mt: ModelTensors, q, v, tau, f_ext, passive
     # flag need not be checked (no sync).
     world = world_frame()
     if not world and use_jacobians(q):
-        cj = com_jacobians(tree, mt, q)
-        LU, piv, _ = torch.linalg.lu_factor_ex(mass_matrix_jac(cj, symmetric=False))
-        if passive:
-            tau = add_passive(tree, mt, tau.transpose(0, 1), q.transpose(0, 1), v.transpose(0, 1), 1.0).transpose(0, 1)
-        # tau - J^T F as one product
-        rhs = torch.baddbmm(tau[..., None], cj.J.transpose(1, 2), body_forces_jac(tree, mt, cj, v, None, f_ext),
-                            alpha=-1.0)
-        return torch.linalg.lu_solve(LU, piv, rhs)[..., 0], (LU, piv), None
+        with one_thread():
+            cj = com_jacobians(tree, mt, q)
+            LU, piv, _ = torch.linalg.lu_factor_ex(mass_matrix_jac(cj, symmetric=False))
+            if passive:
+                tau = add_passive(tree, mt, tau.transpose(0, 1), q.transpose(0, 1), v.transpose(0, 1),
+                                  1.0).transpose(0, 1)
+            # tau - J^T F as one product
+            rhs = torch.baddbmm(tau[..., None], cj.J.transpose(1, 2), body_forces_jac(tree, mt, cj, v, None, f_ext),
+                                alpha=-1.0)
+            return torch.linalg.lu_solve(LU, piv, rhs)[..., 0], (LU, piv), None
     ts = tree_state(tree, mt, q, centered=not world)
     inertia = world_inertia(ts) if world else com_inertia(tree, ts)
     M = crba_world_bl(tree, ts, inertia) if world else crba_bl(tree, ts, inertia)

@@ -27,7 +27,7 @@ from ._common import (
     tree_state,
     tree_sum,
 )
-from ._jacobian import com_jacobians, mass_matrix_jac, use_jacobians
+from ._jacobian import com_jacobians, mass_matrix_jac, one_thread, use_jacobians
 from ._local import ComInertia, com_inertia, local_columns, segment_sum, tables_of
 from ._world import crba_world_bl, world_frame
 from .kernels import default_native
@@ -45,7 +45,8 @@ def crba_flat(tree: KinematicTree, mt: ModelTensors, q: Tensor, ts: TreeState | 
     """
     world = world_frame()
     if ts is None and not world and use_jacobians(q):
-        return mass_matrix_jac(com_jacobians(tree, mt, q))
+        with one_thread():
+            return mass_matrix_jac(com_jacobians(tree, mt, q))
     if ts is None:
         ts = tree_state(tree, mt, q, centered=not world)
     if world:

@@ -30,7 +30,7 @@ from ._common import (
     tree_state,
     tree_sum,
 )
-from ._jacobian import com_jacobians, rnea_jac, use_jacobians
+from ._jacobian import com_jacobians, one_thread, rnea_jac, use_jacobians
 from ._local import ComInertia, com_forces, com_inertia, local_columns, subtree_forces, tables_of
 from ._world import rnea_world_bl, world_frame
 from .kernels import default_native
@@ -52,7 +52,8 @@ def rnea_flat(
     f_ext (B, n_links, 6) -> (B, nv)`` (sizes of ``tree``; the generalised coordinates too unless
     the tree has mimic joints, see :func:`~diffmech.dynamics._common.joint_q`)."""
     if ts is None and not world_frame() and use_jacobians(q):
-        tau = rnea_jac(tree, mt, com_jacobians(tree, mt, q), v, a, f_ext)
+        with one_thread():
+            tau = rnea_jac(tree, mt, com_jacobians(tree, mt, q), v, a, f_ext)
         return add_passive(tree, mt, tau.transpose(0, 1), q.transpose(0, 1), v.transpose(0, 1), -1.0).transpose(0, 1) \
             if passive else tau
     if ts is None:
