@@ -254,16 +254,13 @@ def _busy(stop):
         sum(i * i for i in range(10000))
 
 
-def _median_ms(call, n: int = 400) -> tuple[float, list[float]]:
-    for _ in range(50):
-        call()
+def _timed(call, n: int) -> list[float]:
     ts = []
     for _ in range(n):
         t0 = time.perf_counter()
         call()
         ts.append(time.perf_counter() - t0)
-    ts.sort()
-    return 1e3 * statistics.median(ts), ts
+    return ts
 
 
 def bench_eager_under_load(args) -> dict:
@@ -289,14 +286,22 @@ def bench_eager_under_load(args) -> dict:
                 p.start()
             try:
                 time.sleep(0.5)
-                for form, limit in formulations.items():
-                    _jacobian.JACOBIAN_MAX_BATCH = limit
+                # Interleaved rounds, so that a drift of the shared machine's speed hits both alike.
+                ts = {(form, alg): [] for form in formulations for alg in calls}
+                with kernels.native_mode("never"), torch.no_grad():
+                    for rnd in range(9):
+                        for form, limit in formulations.items():
+                            _jacobian.JACOBIAN_MAX_BATCH = limit
+                            for alg, call in calls.items():
+                                got = _timed(call, 50)
+                                if rnd:  # the first round warms up
+                                    ts[form, alg] += got
+                for form in formulations:
                     row = {}
-                    with kernels.native_mode("never"), torch.no_grad():
-                        for alg, call in calls.items():
-                            med, ts = _median_ms(call)
-                            row[alg] = {"median_ms": med, "p90_ms": 1e3 * ts[int(0.9 * len(ts))],
-                                        "max_ms": 1e3 * ts[-1]}
+                    for alg in calls:
+                        x = sorted(ts[form, alg])
+                        row[alg] = {"median_ms": 1e3 * statistics.median(x), "p90_ms": 1e3 * x[int(0.9 * len(x))],
+                                    "max_ms": 1e3 * x[-1]}
                     out[f"{busy} busy processes, {form}"] = row
                     print(f"eager batch 1, {busy} busy, {form}: "
                           + ", ".join(f"{k} {r['median_ms']:.3f} ms" for k, r in row.items()), flush=True)
