@@ -17,7 +17,7 @@ import torch
 
 from conftest import ROBOTS, get_robot, random_state, robot_path
 from diffmech.dynamics import kernels
-from diffmech.dynamics._jacobian import JACOBIAN_MAX_BATCH
+from diffmech.dynamics._jacobian import JACOBIAN_MAX_BATCH, one_thread
 
 pin = pytest.importorskip("pinocchio")
 from oracle import PinOracle, rel_err  # noqa: E402
@@ -104,3 +104,22 @@ def test_vmap(key):
     fd = torch.stack([(one(q[0], v[0] + eps * e, a[0], f[0]) - one(q[0], v[0] - eps * e, a[0], f[0])) / (2 * eps)
                       for e in torch.eye(robot.nv, dtype=v.dtype)], -1)
     torch.testing.assert_close(J, fd, rtol=1e-6, atol=1e-6)
+
+
+def test_thread_count_restored():
+    """The formulation runs on one thread and gives the caller's thread count back, errors included."""
+    robot = get_robot("iiwa")
+    q, v, a, _ = random_state(robot, (1,))
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        robot.forward_dynamics(q, v, a)
+        robot.inverse_dynamics(q, v, a)
+        robot.mass_matrix(q)
+        assert torch.get_num_threads() == 2
+        with pytest.raises(ValueError), one_thread():
+            assert torch.get_num_threads() == 1
+            raise ValueError
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(old)
