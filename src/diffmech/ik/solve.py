@@ -158,8 +158,8 @@ def solve_ik(
         batch shape ``(...)`` of ``target``.
 
     Gradient:
-        ``q`` is differentiable with respect to ``target`` (and to the robot's parameters) through
-        the implicit function theorem at the returned solution: ``r(q*(T), T) = 0`` gives
+        ``q`` is differentiable with respect to ``target`` and to the robot's parameters (not to
+        ``weights`` or ``q0``) through the implicit function theorem at the returned solution: ``r(q*(T), T) = 0`` gives
         ``dq* = A^+ (dr/dT) dT`` with ``A^+`` the pseudo-inverse of the weighted Jacobian ``A`` at
         ``q*``. For a non-redundant problem (as many independent residuals as joints) this is the
         exact derivative of the solution. For a redundant one the solution set is a manifold and
@@ -208,9 +208,9 @@ def solve_ik(
         out = problem.run(starts, max_iterations, parallel_restarts)
     q = out["q"]
     needs_grad = torch.is_grad_enabled() and (
-        target.requires_grad or w6.requires_grad or any(p.requires_grad for p in robot.parameters()))
+        target.requires_grad or any(p.requires_grad for p in robot.parameters()))
     if needs_grad:
-        q = _implicit_step(problem, q, Tt, w6, grad_damping)
+        q = _implicit_step(problem, q, Tt, w6.detach(), grad_damping)
     return IKResult(
         q.reshape(*batch, robot.nq), out["converged"].reshape(batch), out["perr"].reshape(batch),
         out["rerr"].reshape(batch), out["iterations"].reshape(batch), out["attempts"].reshape(batch))
@@ -426,23 +426,25 @@ class _Problem:
             stalled = window_end & (cost > _STALL_FACTOR * cost_win)
             cost_win = torch.where(window_end, cost, cost_win)
             failed = ~conv & (stalled | (lam > _LAMBDA_MAX) | ~torch.isfinite(cost) | (k >= max_iterations))
-            if conv.any():  # the lowest-cost one of the siblings that converge in this round
+            any_conv, any_failed = bool(conv.any()), bool(failed.any())
+            spawn = None
+            if any_conv:  # the lowest-cost one of the siblings that converge in this round
                 self._keep_best(conv, own, cost, perr, rerr, q, best_q, best_cost, best_perr, best_rerr, None)
                 conv_t[own[conv]] = True
                 iters_t[own[conv]] = k
-            if failed.any():
+            if any_failed:
                 self._keep_best(failed, own, cost, perr, rerr, q, best_q, best_cost, best_perr, best_rerr, conv_t)
-            keep = ~(conv | failed | conv_t[own])
-            if not keep.all():
+            if any_conv or any_failed:
+                keep = ~(conv | failed | conv_t[own])
                 own, q, r, A, cost, perr, rerr, lam, nu, it, cost_win = (
                     x[keep] for x in (own, q, r, A, cost, perr, rerr, lam, nu, it, cost_win))
-            # targets left without a running attempt: spawn the next starts, or give up
-            alive = torch.bincount(own, minlength=B) > 0
-            idle = ~alive & ~conv_t & ~over_t
-            spawn = idle & (next_start < n_starts) & (k < max_iterations)
-            give_up = idle & ~spawn
-            over_t |= give_up
-            iters_t = torch.where(give_up, torch.full_like(iters_t, k), iters_t)
+                # targets left without a running attempt: spawn the next starts, or give up
+                alive = torch.bincount(own, minlength=B) > 0
+                idle = ~alive & ~conv_t & ~over_t
+                spawn = idle & (next_start < n_starts) & (k < max_iterations)
+                give_up = idle & ~spawn
+                over_t |= give_up
+                iters_t = torch.where(give_up, torch.full_like(iters_t, k), iters_t)
             if own.numel():
                 dq, pred = self.step(q, r, A, lam)
                 q_trial = self.move(q, dq)
@@ -450,7 +452,7 @@ class _Problem:
                 q_trial, pred = q, pred[:0]
             force = torch.zeros_like(own, dtype=torch.bool)
             it = it + 1
-            if spawn.any():
+            if spawn is not None and bool(spawn.any()):
                 tn = spawn.nonzero()[:, 0]
                 s_idx = next_start[tn, None] + torch.arange(group, device=dev)
                 valid = s_idx < n_starts
