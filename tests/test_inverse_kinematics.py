@@ -149,6 +149,18 @@ def test_position_and_orientation_modes_and_weights():
     assert bool(r2.converged.all())
 
 
+def test_per_target_weights():
+    robot = get_robot("iiwa")
+    link = EE["iiwa"]
+    T = _targets(robot, link, 2, seed=16)
+    far = T.clone()
+    far[:, :3, 3] += 4.0  # out of reach: only the orientation can be met
+    w = torch.tensor([[0.0, 0.0, 0.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]], dtype=T.dtype)
+    res = solve_ik(robot, link, far, weights=w, generator=torch.Generator().manual_seed(0))
+    assert res.converged.tolist() == [True, False]
+    assert float(res.position_error[0]) == 0.0 and float(res.orientation_error[0]) <= 1e-3
+
+
 def test_continuous_joints_are_not_clipped():
     robot = get_robot("jaco")  # joints 1, 4, 5, 6 are continuous
     link = EE["jaco"]
@@ -203,6 +215,10 @@ def test_errors():
         diffmech.inverse_kinematics(robot, link, T, mode="both")
     with pytest.raises(diffmech.OptionError, match="unknown damping_schedule"):
         diffmech.inverse_kinematics(robot, link, T, damping_schedule="fast")
+    with pytest.raises(diffmech.OptionError, match="parallel_restarts"):
+        diffmech.inverse_kinematics(robot, link, T, parallel_restarts=0)
+    with pytest.raises(diffmech.OptionError, match="every weight of mode 'position' is zero"):
+        diffmech.inverse_kinematics(robot, link, T, mode="position", weights=(0.0, 1.0))
 
 
 # ----------------------------------------------------------------------------- gradients
