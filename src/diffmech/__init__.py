@@ -1,6 +1,6 @@
 """diffmech: differentiable, learnable mechanics in PyTorch."""
 
-from . import sim
+from . import ik, sim
 from .dynamics import (
     aba,
     bias_forces,
@@ -27,6 +27,7 @@ from .errors import (
     SimulationError,
     URDFError,
 )
+from .ik import inverse_kinematics
 from .model import JointSpec, KinematicTree, LinkSpec, RobotSpec, parse_urdf
 from .model import systems as systems
 from .robot import RobotModel, load_urdf
@@ -34,9 +35,10 @@ from .robot import RobotModel, load_urdf
 __version__ = "0.1.0"
 
 __all__ = [
-    "sim", "systems", "RobotModel", "KinematicTree", "RobotSpec", "LinkSpec", "JointSpec", "load_urdf", "parse_urdf",
+    "sim", "ik", "systems", "RobotModel", "KinematicTree",
+    "RobotSpec", "LinkSpec", "JointSpec", "load_urdf", "parse_urdf",
     "forward_kinematics", "link_pose", "jacobian", "center_of_mass", "integrate",
     "rnea", "inverse_dynamics", "crba", "mass_matrix", "aba", "forward_dynamics", "bias_forces",
-    "generalized_gravity", "kinetic_energy", "potential_energy",
+    "generalized_gravity", "kinetic_energy", "potential_energy", "inverse_kinematics",
     "DiffmechError", "ModelError", "URDFError", "ShapeError", "OptionError", "ConvergenceError", "SimulationError",
 ]

@@ -26,6 +26,9 @@ __all__ = [
     "quat_multiply",
     "so3_exp",
     "se3_exp",
+    "so3_log",
+    "so3_jlog",
+    "se3_log",
     "homogeneous",
     "motion_action",
     "motion_action_inverse",
@@ -158,6 +161,78 @@ def se3_exp(nu: Tensor) -> tuple[Tensor, Tensor]:
     R = eye + a[..., None, None] * K + b[..., None, None] * KK
     V = eye + b[..., None, None] * K + c[..., None, None] * KK
     return R, (V @ v[..., None])[..., 0]
+
+
+def so3_log(R: Tensor) -> Tensor:
+    """Rotation vector ``w`` with ``so3_exp(w) == R``, ``|w|`` in ``[0, pi]``. ``(..., 3, 3) -> (..., 3)``.
+
+    ``w = t / sin(t) * vee(R - R^T) / 2`` with ``t = atan2(|vee(R - R^T)| / 2, (tr R - 1) / 2)``;
+    a series near the identity (smooth value and gradient there), and near ``t = pi``, where
+    ``sin t`` loses the axis to rounding, the axis from the symmetric part
+    ``(R + R^T) / 2 - cos(t) I = (1 - cos t) a a^T``. Pinocchio's ``log3``.
+    """
+    c = 0.5 * (torch.diagonal(R, dim1=-2, dim2=-1).sum(-1) - 1)
+    K = R - R.transpose(-1, -2)
+    v = 0.5 * torch.stack([K[..., 2, 1], K[..., 0, 2], K[..., 1, 0]], -1)
+    s2 = (v * v).sum(-1)
+    near_id = s2 < 1e-10
+    s = torch.where(near_id, torch.ones_like(s2), s2).sqrt()
+    pos = s2 > 0  # the exact sin(t), with a finite gradient at 0 (exactly the identity or pi)
+    t = torch.atan2(torch.where(pos, torch.where(pos, s2, torch.ones_like(s2)).sqrt(), torch.zeros_like(s2)), c)
+    regular = torch.where(near_id, 1 + s2 / 6 + 0.075 * s2 * s2, t / s)[..., None] * v
+    near_pi = (c < 0) & (s2 < 1e-2)
+    if not torch.compiler.is_compiling() and not bool(near_pi.any()):
+        return regular
+    # near pi: the column of the symmetric part with the largest diagonal, signed like v
+    eye = torch.eye(3, dtype=R.dtype, device=R.device)
+    Bs = 0.5 * (R + R.transpose(-1, -2)) - c[..., None, None] * eye
+    i = torch.diagonal(Bs, dim1=-2, dim2=-1).argmax(-1)
+    col = torch.gather(Bs, -1, i[..., None, None].expand(*i.shape, 3, 1))[..., 0]
+    axis = col / col.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+    axis = torch.where((axis * v).sum(-1, keepdim=True) < 0, -axis, axis)
+    return torch.where(near_pi[..., None], t[..., None] * axis, regular)
+
+
+def _jlog_coeff(w: Tensor) -> Tensor:
+    """``1/t^2 - (1 + cos t) / (2 t sin t)`` for ``t = |w|`` (series near zero; finite up to pi)."""
+    t2 = (w * w).sum(-1)
+    small = t2 < 1e-6
+    safe = torch.where(small, torch.ones_like(t2), t2)
+    t = safe.sqrt()
+    half = 0.5 * t
+    # (1 + cos t) / sin t = cot(t/2): finite at t = pi, where sin t vanishes
+    big = 1 / safe - torch.cos(half) / (torch.sin(half) * 2 * t)
+    return torch.where(small, 1.0 / 12 + t2 / 720 + t2 * t2 / 30240, big)
+
+
+def so3_jlog(w: Tensor) -> Tensor:
+    """Inverse right Jacobian of SO(3) at the rotation vector ``w (..., 3)``, ``(..., 3, 3)``.
+
+    ``so3_log(so3_exp(w) @ so3_exp(d)) = w + so3_jlog(w) @ d + O(|d|^2)``: how the logarithm of a
+    rotation moves when the rotation is perturbed on the right by a small rotation vector ``d``
+    (Pinocchio's ``Jlog3``). Equals ``I + [w]/2 + c(|w|) [w]^2``; its transpose is the inverse left
+    Jacobian, ``I - [w]/2 + c [w]^2``. Valid for ``|w| < 2 pi`` (singular at ``2 pi``).
+    """
+    K = skew(w)
+    eye = torch.eye(3, dtype=w.dtype, device=w.device)
+    return eye + 0.5 * K + _jlog_coeff(w)[..., None, None] * (K @ K)
+
+
+def se3_log(R: Tensor, p: Tensor) -> Tensor:
+    """Twist ``nu = (v; w) (..., 6)`` with ``se3_exp(nu) == (R, p)``: the inverse of :func:`se3_exp`.
+
+    ``w = so3_log(R)`` and ``v = V(w)^-1 p`` with ``V`` the left Jacobian of SO(3)
+    (Pinocchio's ``log6``, linear part first).
+
+    Args:
+        R: (..., 3, 3) rotation.
+        p: (..., 3) translation.
+    """
+    w = so3_log(R)
+    K = skew(w)
+    eye = torch.eye(3, dtype=R.dtype, device=R.device)
+    V_inv = eye - 0.5 * K + _jlog_coeff(w)[..., None, None] * (K @ K)
+    return torch.cat([(V_inv @ p[..., None])[..., 0], w], dim=-1)
 
 
 def homogeneous(R: Tensor, p: Tensor) -> Tensor:
