@@ -18,6 +18,7 @@ from torch import Tensor
 from . import dynamics
 from .model.parameters import RobotParameters
 from .model.urdf import _parse_urdf
+from .model.urdf_export import robot_to_urdf
 
 __all__ = ["RobotModel", "load_urdf"]
 
@@ -51,6 +52,28 @@ class RobotModel(RobotParameters):
     kinetic_energy = dynamics.kinetic_energy
     potential_energy = dynamics.potential_energy
     integrate = dynamics.integrate
+
+    def to_urdf(self, path: str | os.PathLike | None = None) -> str:
+        """Write the current parameters (identified or learnable ones at their current values) as a
+        URDF that :func:`load_urdf` re-loads to the same dynamics and Pinocchio and PyBullet load.
+
+        Kept: masses, centres of mass, inertias, joint origins, axes, limits, damping, friction,
+        mimic joints, fixed joints, and the source file's ``<visual>``/``<collision>``/``<material>``
+        elements (mesh paths made absolute). Not expressible in URDF: a floating base (re-load with
+        ``floating_base=True``), gravity and joint springs (a comment and a warning). Details in
+        :mod:`diffmech.model.urdf_export`.
+
+        Args:
+            path: file to write; ``None`` to only return the text.
+
+        Returns:
+            The URDF text.
+
+        Raises:
+            ModelError: a non-finite parameter, a negative mass or an inertia that is not positive
+                semi-definite, naming the link or joint.
+        """
+        return robot_to_urdf(self, path)
 
     def forward(self, q: Tensor, v: Tensor, tau: Tensor, **kwargs) -> Tensor:
         """``robot(q, v, tau)`` is :meth:`forward_dynamics`, so ``torch.func.functional_call`` and

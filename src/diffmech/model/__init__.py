@@ -1,5 +1,6 @@
 """Robot descriptions: the immutable :class:`KinematicTree`, the parameter values
-(:class:`RobotParameters`, :class:`ModelTensors`), parametrizations, URDF parsing and builders.
+(:class:`RobotParameters`, :class:`ModelTensors`), parametrizations, URDF parsing and export
+(:mod:`.urdf_export`, behind ``RobotModel.to_urdf``), saving (:mod:`.persistence`) and builders.
 
 Nothing here imports the algorithms. ``RobotModel``, ``load_urdf`` and ``systems`` (whose builders
 return ``RobotModel`` s) sit above the algorithms and are reached lazily from this package.

@@ -31,6 +31,7 @@ The per-call check is one integer comparison and one ``torch.equal`` of a few hu
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import NamedTuple
 
@@ -40,6 +41,7 @@ from torch.nn.utils import parametrize
 
 from .. import spatial
 from ..errors import ModelError
+from .persistence import PhysicalValues, reconcile_inertial_source
 from .spec import JointSpec, LinkSpec, RobotSpec
 from .tree import KinematicTree
 
@@ -296,13 +298,17 @@ def _observe(module: nn.Module, gen: _Generation) -> None:
 
 
 # ---------------------------------------------------------------------------- parameter modules
-class LinkParams(nn.Module):
+class LinkParams(PhysicalValues, nn.Module):
     """Inertial parameters of one link (link frame, SI units).
 
     Tensors: ``mass ()``, ``com (3,)``, ``inertia (3, 3)`` about the centre of mass.
     ``inertial_source`` may hold a module returning ``(mass, com, inertia)`` jointly (used by
     parametrizations that must see all ten inertial parameters at once, e.g. physical consistency).
+    A state dict holds the values the model reads under ``mass``/``com``/``inertia`` (the source's
+    while one is installed), see :mod:`~diffmech.model.persistence`.
     """
+
+    _physical_names = LINK_PARAMS
 
     def __init__(self, spec: LinkSpec, dtype: torch.dtype, device=None):
         super().__init__()
@@ -318,13 +324,26 @@ class LinkParams(nn.Module):
             return self.inertial_source()
         return self.mass, self.com, self.inertia
 
+    def _derived_value(self, name: str) -> Tensor | None:
+        if self.inertial_source is not None:
+            return self.inertial_source()[LINK_PARAMS.index(name)]
+        return super()._derived_value(name)
 
-class JointParams(nn.Module):
+    def _keeps_raw(self, name: str) -> bool:
+        return self.inertial_source is not None  # the raw tensor is not read while a source is installed
+
+    def _reconcile_sources(self, sd: dict, prefix: str) -> None:
+        reconcile_inertial_source(self, sd, prefix)
+
+
+class JointParams(PhysicalValues, nn.Module):
     """Placement and passive parameters of one joint.
 
     Tensors: ``origin_xyz (3,)`` m and ``origin_rpy (3,)`` rad (joint frame in the parent link
     frame), ``damping ()``, ``friction ()``, ``stiffness ()``, ``rest ()``.
     """
+
+    _physical_names = JOINT_PARAMS
 
     def __init__(self, spec: JointSpec, dtype: torch.dtype, device=None):
         super().__init__()
@@ -344,7 +363,7 @@ class _Slot(NamedTuple):
     shape: tuple
 
 
-class RobotParameters(nn.Module):
+class RobotParameters(PhysicalValues, nn.Module):
     """A robot's kinematic tree and parameter values (the layer below the algorithms).
 
     :class:`diffmech.RobotModel` adds the algorithms as methods; build robots with
@@ -357,7 +376,17 @@ class RobotParameters(nn.Module):
         links, joints: per-link :class:`LinkParams` and per-joint :class:`JointParams` (in the
             order of ``link_names`` and ``all_joint_names``).
         actuated_joints: the joints with actuators (default: all of ``joint_names``).
+        meta: what the description carried besides the dynamics (plain data; for a URDF,
+            ``meta["urdf"]`` holds its ``<visual>``/``<collision>`` elements and materials, which
+            :meth:`diffmech.RobotModel.to_urdf` writes back).
+
+    Saving: ``state_dict`` holds each parameter's physical value (and the raw tensors of learnable
+    ones); ``load_state_dict`` restores the values into any model of the same tree, the raw tensors
+    exactly where the receiver made them learnable the same way; ``torch.save(robot)``,
+    ``copy.deepcopy`` and pickling work with parametrizations (:mod:`~diffmech.model.persistence`).
     """
+
+    _physical_names = ("gravity",)
 
     def __init__(
         self,
@@ -403,7 +432,30 @@ class RobotParameters(nn.Module):
         #: Joints driven by actuators (all moving joints unless a builder says otherwise, e.g. the
         #: cartpole's slider); controllers and environments read it, the dynamics do not.
         self.actuated_joints: list[str] = list(self.joint_names)
+        self.meta: dict = copy.deepcopy(spec.meta)
         self._init_store(dtype, gravity.device)
+
+    # ------------------------------------------------------------------ saving
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        meta = getattr(destination, "_metadata", None)
+        if meta is not None and prefix[:-1] in meta:  # lets a load into another robot say so
+            meta[prefix[:-1]]["link_names"] = list(self.link_names)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        names = local_metadata.get("link_names")
+        if names is not None and list(names) != self.link_names:
+            # Reported with the unexpected keys, which torch raises on with strict=True only (it
+            # passes strict=True to every module whatever the caller's choice).
+            diff = next((i for i, (a, b) in enumerate(zip(names, self.link_names)) if a != b),
+                        min(len(names), len(self.link_names)))
+            theirs = f"'{names[diff]}'" if diff < len(names) else "none"
+            ours = f"'{self.link_names[diff]}'" if diff < len(self.link_names) else "none"
+            unexpected_keys.append(f"{prefix}link_names: the state dict is of another robot (link {diff} is "
+                                   f"{theirs}, in {self.name} {ours}); strict=False loads it by position")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     # ------------------------------------------------------------------ the store
     def _init_store(self, dtype: torch.dtype, device: torch.device) -> None:

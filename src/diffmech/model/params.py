@@ -332,6 +332,18 @@ class PhysicallyConsistentInertial(nn.Module):
         """``(mass ()`` kg, ``com (3,)`` m in the link frame, ``inertia (3, 3)`` kg m^2 about the COM)."""
         return log_cholesky_to_inertial(self.theta)
 
+    def set_inertial(self, mass: Tensor, com: Tensor, inertia: Tensor) -> None:
+        """Set ``theta`` in place so that :meth:`forward` gives these values (used by ``load_state_dict``).
+
+        Raises:
+            ModelError: the values are not strictly physically consistent.
+        """
+        kw = dict(dtype=self.theta.dtype, device=self.theta.device)
+        theta = inertial_to_log_cholesky(torch.as_tensor(mass, **kw), torch.as_tensor(com, **kw),
+                                         torch.as_tensor(inertia, **kw))
+        with torch.no_grad():
+            self.theta.copy_(theta)
+
 
 class IndependentInertial(nn.Module):
     """Mass, centre of mass and inertia as three independent learnable tensors.
@@ -359,6 +371,19 @@ class IndependentInertial(nn.Module):
     def forward(self) -> tuple[Tensor, Tensor, Tensor]:
         """``(mass ()`` kg, ``com (3,)`` m in the link frame, ``inertia (3, 3)`` kg m^2 about the COM)."""
         return self.mass_map(self.mass_raw), self.com, self.inertia_map(self.inertia_raw)
+
+    def set_inertial(self, mass: Tensor, com: Tensor, inertia: Tensor) -> None:
+        """Set the raw tensors in place so that :meth:`forward` gives these values (used by
+        ``load_state_dict``).
+
+        Raises:
+            ModelError: a negative mass or an inertia that is not positive definite.
+        """
+        kw = dict(dtype=self.com.dtype, device=self.com.device)
+        with torch.no_grad():
+            self.mass_raw.copy_(self.mass_map.right_inverse(torch.as_tensor(mass, **kw)))
+            self.com.copy_(torch.as_tensor(com, **kw))
+            self.inertia_raw.copy_(self.inertia_map.right_inverse(torch.as_tensor(inertia, **kw)))
 
 
 _INERTIAL_KINDS = {

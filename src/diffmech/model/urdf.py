@@ -3,6 +3,7 @@ turns the spec into a :class:`~diffmech.RobotModel`)."""
 
 from __future__ import annotations
 
+import copy
 import io
 import math
 import os
@@ -153,6 +154,51 @@ def _drop_unknown_geometry(root) -> dict[str, list[str]]:
     return dropped
 
 
+def _resolve_file(filename: str, base: str | None) -> str:
+    """An absolute path for a mesh or texture ``filename`` of a file in directory ``base``.
+
+    A relative path, or a ``package://`` URI with the prefix taken off, is looked up in ``base`` and
+    then its two parent directories, the first where the file exists (PyBullet looks there too, and
+    diff_robot_data's and pybullet_data's files rely on it). Where none has it, a ``package://`` URI
+    is kept (it needs ROS package paths) and a relative path is taken relative to ``base``. Without
+    ``base`` (a URDF given as a string) relative paths and URIs are kept.
+    """
+    package = filename.startswith("package://")
+    rel = filename[len("package://"):] if package else filename.removeprefix("file://")
+    if os.path.isabs(rel) and not package:
+        return rel
+    if base is None:
+        return filename
+    d = base
+    for _ in range(3):
+        candidate = os.path.normpath(os.path.join(d, rel))
+        if os.path.exists(candidate):
+            return candidate
+        d = os.path.dirname(d)
+    return filename if package else os.path.normpath(os.path.join(base, rel))
+
+
+def _keep_geometry(root, base: str | None) -> dict:
+    """The ``<visual>``/``<collision>`` elements of each link and the top-level ``<material>``
+    elements, as XML text with absolute mesh and texture paths (what ``RobotModel.to_urdf`` writes
+    back and what viewers read)."""
+    from lxml import etree
+
+    def text(el) -> str:
+        el = copy.deepcopy(el)
+        for sub in el.iter("mesh", "texture"):
+            if sub.get("filename"):
+                sub.set("filename", _resolve_file(sub.get("filename"), base))
+        return etree.tostring(el, encoding="unicode", with_tail=False)
+
+    links = {}
+    for link in root.findall("link"):
+        els = [text(el) for el in link if el.tag in ("visual", "collision")]
+        if els:
+            links[link.get("name")] = els
+    return {"geometry": links, "materials": [text(m) for m in root.findall("material")]}
+
+
 def _read(text: str, is_xml: bool) -> bytes:
     if is_xml:
         return text.encode()
@@ -165,7 +211,8 @@ def parse_urdf(path_or_xml: str | os.PathLike) -> RobotSpec:
 
     ``<visual>``/``<collision>`` geometry of a kind diffmech does not read (PyBullet's ``<plane>``,
     ``<cdf>``, ``<capsule>``, ...) is left out with one warning per file: dynamics do not use it.
-    Mimic joints are parsed into :attr:`JointSpec.mimic`.
+    Mimic joints are parsed into :attr:`JointSpec.mimic`. The ``<visual>``/``<collision>`` elements and
+    ``<material>`` elements are kept as XML text in ``spec.meta["urdf"]`` (mesh paths made absolute).
 
     Raises:
         URDFError: malformed XML, unknown joint types, bad numbers; the message names the file
@@ -263,4 +310,5 @@ def _parse_urdf(path_or_xml: str | os.PathLike, stacklevel: int) -> RobotSpec:
             velocity=value(lim, "velocity", math.inf), effort=value(lim, "effort", math.inf),
             damping=value(dyn, "damping", 0.0), friction=value(dyn, "friction", 0.0), mimic=mimic,
         ))
-    return RobotSpec(name=robot.name or "robot", links=links, joints=joints, source=src)
+    meta = {"urdf": _keep_geometry(root, None if is_xml else os.path.dirname(os.path.abspath(text)))}
+    return RobotSpec(name=robot.name or "robot", links=links, joints=joints, source=src, meta=meta)
