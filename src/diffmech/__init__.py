@@ -34,6 +34,21 @@ from .robot import RobotModel, load_urdf
 
 __version__ = "0.1.0"
 
+# Subpackages with heavier imports load on first use: ``diffmech.learn.X`` works after ``import diffmech``.
+_LAZY = ("control", "dynamics", "implicit", "learn", "model", "perf", "spatial")
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 __all__ = [
     "sim", "ik", "systems", "RobotModel", "KinematicTree",
     "RobotSpec", "LinkSpec", "JointSpec", "load_urdf", "parse_urdf",

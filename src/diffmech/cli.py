@@ -1,4 +1,4 @@
-"""Command line: ``diffmech demo ...`` (also ``python -m diffmech demo ...``)."""
+"""Command line: ``diffmech demo|info|symo|eigenmode ...`` (also ``python -m diffmech ...``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,16 @@ from .errors import DiffmechError
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="diffmech", description="Differentiable, learnable mechanics in PyTorch.")
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
+    info = sub.add_parser("info", help="one URDF file: links, DoF, mass, joint types, round-trip check",
+                          description="Load a URDF and print the demo's table for it: links, DoF, total mass, "
+                                      "joint types and max |forward_dynamics(inverse_dynamics(a)) - a| on random "
+                                      "states (float64).")
+    info.add_argument("urdf", help="path of the URDF file")
+    info.add_argument("--floating-base", action="store_true", help="attach the root link by a free joint")
+    info.add_argument("--batch", type=int, default=32, help="random states of the round trip (default: %(default)s)")
+    info.add_argument("--json", action="store_true", help="print the row as JSON instead of a table")
     demo = sub.add_parser(
         "demo", help="load every robot at hand, check that forward dynamics inverts inverse dynamics, write a report",
         description="Load the bundled systems and every installed robot description, check "
@@ -37,9 +46,43 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    import torch
+
+    from . import __version__
+
+    return f"diffmech {__version__} (torch {torch.__version__})"
+
+
+def _info(args) -> int:
+    import json
+
+    import torch
+
+    from . import load_urdf
+    from .demo import print_table, robot_row
+
+    if args.batch < 1:
+        print(f"diffmech info: error: --batch must be at least 1, got {args.batch}", file=sys.stderr)
+        return 2
+    try:
+        robot = load_urdf(args.urdf, floating_base=args.floating_base)
+    except (DiffmechError, OSError) as exc:
+        print(f"diffmech info: error: {exc}", file=sys.stderr)
+        return 1
+    row = robot_row(robot, args.batch, torch.Generator().manual_seed(0))
+    if args.json:
+        print(json.dumps({"name": robot.name, **row}, indent=1))
+    else:
+        print_table({robot.name: row}, title=f"diffmech info {args.urdf}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``diffmech`` script; returns the process exit code."""
     args = _parser().parse_args(argv)
+    if args.command == "info":
+        return _info(args)
     if args.command == "symo":
         from .learn.cli import main as symo_main
 

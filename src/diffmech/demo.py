@@ -219,6 +219,15 @@ def _rows(results: dict) -> list[tuple[str, ...]]:
     ]
 
 
+def robot_row(robot: RobotModel, batch: int, generator: torch.Generator | None = None) -> dict:
+    """What the table shows of one robot: sizes, mass, joint types and the round-trip error."""
+    summary = robot.summary()
+    return {"source": robot.source, "links": summary["links"], "bodies": summary["bodies"], "nq": robot.nq,
+            "nv": robot.nv, "floating_base": robot.floating_base, "total_mass": summary["total_mass"],
+            "joint_types": summary["joint_types"], "joint_type_counts": _joint_types(robot),
+            "joint_names": list(robot.joint_names), "roundtrip": roundtrip_error(robot, batch, generator=generator)}
+
+
 def format_table(results: dict) -> str:
     """Plain aligned text table of the per-robot results."""
     rows = [_COLUMNS, *_rows(results)]
@@ -229,13 +238,13 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def print_table(results: dict) -> None:
+def print_table(results: dict, title: str = "diffmech demo") -> None:
     """Print the table with ``rich`` when it is installed, else as plain text."""
     if importlib.util.find_spec("rich") is not None:
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title="diffmech demo")
+        table = Table(title=title)
         for i, col in enumerate(_COLUMNS):
             table.add_column(col, justify="right" if i in (1, 2, 3, 5) else "left")
         for row in _rows(results):
@@ -295,7 +304,7 @@ def run_demo(
     skipped: dict[str, str] = {}
     failures: list[str] = []
     t_start = time.perf_counter()
-    bar = tqdm(names, desc="diffmech demo", unit="robot", disable=not progress)
+    bar = tqdm(names, desc="diffmech demo", unit="robot", disable=None if progress else True)
     for name in bar:
         bar.set_postfix_str(name)
         entry = known[name]
@@ -308,20 +317,17 @@ def run_demo(
             warnings.filterwarnings("ignore", category=DeprecationWarning)
             robot = entry.build()
         t_load = time.perf_counter() - t0
-        summary = robot.summary()
         t0 = time.perf_counter()
-        rt = roundtrip_error(robot, batch, generator=gen)
+        row = robot_row(robot, batch, gen)
         t_rt = time.perf_counter() - t0
+        rt = row.pop("roundtrip")
         rt["ok"] = bool(rt["max_rel_err"] <= tol)
         if not rt["ok"]:
             failures.append(f"{name}: max |fd(id(a)) - a| = {rt['max_abs_err']:.3e} "
                             f"(relative {rt['max_rel_err']:.3e} > tol {tol:.1e})")
         sw = sweep(robot, points)
         rec = {
-            "description": entry.description, "source": robot.source, "links": summary["links"],
-            "bodies": summary["bodies"], "nq": robot.nq, "nv": robot.nv, "floating_base": robot.floating_base,
-            "total_mass": summary["total_mass"], "joint_types": summary["joint_types"],
-            "joint_type_counts": _joint_types(robot), "joint_names": list(robot.joint_names),
+            "description": entry.description, **row,
             "coordinates_v": _coordinate_names(robot), "roundtrip": rt, "sweep": sw,
             "sweep_summary": {
                 "cond_min": min(sw["mass_matrix_cond"]), "cond_max": max(sw["mass_matrix_cond"]),

@@ -102,7 +102,8 @@ def sweep(base: TrainConfig, out: str | Path, *, models=MODEL_NAMES, n_ics=N_ICS
     todo.sort(key=lambda j: -_COST.get(j[0]["model"], 1.0) * (1 + j[0]["n_ics"] / 64))
     workers = workers or os.cpu_count() or 1
     t0 = time.perf_counter()
-    bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=f"sweep {base.system}", dynamic_ncols=True)
+    bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=f"sweep {base.system}", dynamic_ncols=True,
+                disable=None)
     errors = []
     if backend == "ray":
         try:

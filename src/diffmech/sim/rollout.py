@@ -117,7 +117,7 @@ def _steps_iter(cfg: _Config, start: int, stop: int, desc: str):
         return range(start, stop)
     from tqdm.auto import tqdm
 
-    return tqdm(range(start, stop), desc=desc, total=stop - start, leave=False)
+    return tqdm(range(start, stop), desc=desc, total=stop - start, leave=False, disable=None)
 
 
 # ----------------------------------------------------------------------------- policies and params=
@@ -476,7 +476,7 @@ class _CheckpointRollout(torch.autograd.Function):
         if cfg.progress:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=T, desc="rollout backward", leave=False)
+            bar = tqdm(total=T, desc="rollout backward", leave=False, disable=None)
         tape = _Tape(cfg, ctx.accels, model_params, mt_leaves) if ctx.accels is not None else None
         # Explicit steps without f_ext reverse from step Jacobians batched over time (with a policy:
         # plus one policy VJP per step; robot parameters: one batched VJP per chunk). Compiled
