@@ -46,6 +46,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "src"))
 
+from _markdown import replace_section  # noqa: E402
 from diffmech.control.configs import get_config  # noqa: E402
 from diffmech.control.eigenmodes import EigenmodeTrainer  # noqa: E402
 from diffmech.control.flow import code_grid, hamiltonian_flow  # noqa: E402
@@ -344,14 +345,8 @@ def markdown(rep: dict) -> str:
 
 
 def update_markdown(path: str, section: str) -> None:
-    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    if MARK_START in text and MARK_END in text:
-        a, b = text.index(MARK_START), text.index(MARK_END) + len(MARK_END)
-        text = text[:a] + section + text[b:]
-    else:
-        text = text.rstrip("\n") + "\n\n## Eigenmode learning (seed 001)\n\n" + section + "\n"
-    with open(path, "w") as f:
-        f.write(text)
+    """Replace this benchmark's section of ``path`` between its markers (append if absent)."""
+    replace_section(path, section, MARK_START, MARK_END, heading='## Eigenmode learning (seed 001)')
 
 
 def main(argv: list[str] | None = None) -> dict:

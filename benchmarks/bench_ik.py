@@ -43,6 +43,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "src"))
 
 import diffmech  # noqa: E402
+from _markdown import replace_section  # noqa: E402
 from diffmech import spatial  # noqa: E402
 
 MARK_START, MARK_END = "<!-- bench_ik:start -->", "<!-- bench_ik:end -->"
@@ -244,14 +245,8 @@ def markdown(rep: dict) -> str:
 
 
 def update_markdown(path: str, section: str) -> None:
-    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    if MARK_START in text and MARK_END in text:
-        a, b = text.index(MARK_START), text.index(MARK_END) + len(MARK_END)
-        text = text[:a] + section + text[b:]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    with open(path, "w") as f:
-        f.write(text)
+    """Replace this benchmark's section of ``path`` between its markers (append if absent)."""
+    replace_section(path, section, MARK_START, MARK_END)
 
 
 def main(argv: list[str] | None = None) -> dict:

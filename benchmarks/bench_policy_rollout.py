@@ -57,6 +57,8 @@ from diffmech.sim import rollout  # noqa: E402
 
 THREADS = int(os.environ.get("BENCH_THREADS", "2"))
 DT = 1e-3
+from _markdown import replace_section  # noqa: E402
+
 MARK_START, MARK_END = "<!-- bench_policy_rollout:start -->", "<!-- bench_policy_rollout:end -->"
 CONTROLS = ("torques", "mlp", "linear")
 LABEL = {"torques": "torque tensor", "mlp": "MLP policy", "linear": "linear feedback"}
@@ -217,16 +219,8 @@ def markdown(report: dict) -> str:
 
 
 def update_markdown(path: str, section: str) -> None:
-    """Replace this benchmark's section of ``path`` between the markers (append if absent)."""
-    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    if MARK_START in text and MARK_END in text:
-        a = text.index(MARK_START)
-        b = text.index(MARK_END) + len(MARK_END)
-        text = text[:a] + section + text[b:]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    with open(path, "w") as f:
-        f.write(text)
+    """Replace this benchmark's section of ``path`` between its markers (append if absent)."""
+    replace_section(path, section, MARK_START, MARK_END)
 
 
 def main(argv: list[str] | None = None) -> dict:

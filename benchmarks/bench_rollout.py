@@ -66,6 +66,8 @@ T_TARGET = 2000  # the targets are stated at 2000 steps
 
 LABEL = {"checkpoint": "diffmech checkpoint", "compiled": "diffmech checkpoint, compiled",
          "autograd": "diffmech autograd", "drm": "DRM autograd"}
+from _markdown import replace_section  # noqa: E402
+
 MARK_START, MARK_END = "<!-- bench_rollout:start -->", "<!-- bench_rollout:end -->"
 MiB = 2.0**20
 
@@ -460,16 +462,8 @@ def markdown(report: dict, configs, Ts) -> str:
 
 
 def update_markdown(path: str, section: str) -> None:
-    """Replace this benchmark's section of ``path`` between the markers (append or create if absent)."""
-    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    if MARK_START in text and MARK_END in text:
-        a = text.index(MARK_START)
-        b = text.index(MARK_END) + len(MARK_END)
-        text = text[:a] + section + text[b:]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    with open(path, "w") as f:
-        f.write(text)
+    """Replace this benchmark's section of ``path`` between its markers (append if absent)."""
+    replace_section(path, section, MARK_START, MARK_END)
 
 
 # ----------------------------------------------------------------------------- main
