@@ -388,16 +388,8 @@ class KinematicTree:
     def tables(self, dtype: torch.dtype, device: torch.device | str | None = None) -> TreeTables:
         """The index tables as tensors (masks in ``dtype``) on ``device``; built once per pair."""
         device = torch.device(device) if device is not None else torch.device("cpu")
-        key = (dtype, device)
-        got = self._tables.get(key)
-        if got is not None:
-            return got
-        with self._tables_lock:
-            got = self._tables.get(key)
-            if got is None:
-                got = self._make_tables(dtype, device)
-                self._tables[key] = got
-        return got
+        got = self._tables.get((dtype, device))
+        return got if got is not None else self._build_once((dtype, device), lambda: self._make_tables(dtype, device))
 
     def derived(self, key: tuple, build):
         """A value derived from the tree alone, built once by ``build()`` and kept with the tree under
@@ -405,8 +397,9 @@ class KinematicTree:
         module-level cache, is something ``torch.compile`` can guard on)."""
         key = ("derived", *key)
         got = self._tables.get(key)
-        if got is not None:
-            return got
+        return got if got is not None else self._build_once(key, build)
+
+    def _build_once(self, key: tuple, build):
         with self._tables_lock:
             got = self._tables.get(key)
             if got is None:
