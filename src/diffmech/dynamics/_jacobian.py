@@ -43,8 +43,6 @@ class JacobianTables:
         dof: (k,) long, ``d``.
         desc, anc: (k,) long, ``b`` and the body that carries ``d``'s axis.
         pos: (k,) long, ``b * nv + d``.
-        lin_mask: (nv, 1, 1) ``1`` on DoFs whose column has a linear part at its body's origin
-            (prismatic and base translations), ``None`` when there are none.
         dof_body: (nv,) long, the body of each DoF (``None`` when DoF ``d`` is body ``d``).
         world: (1, 1, 4, 4) the identity, the world's placement for pointer jumping.
         e33: (1, 1, 4, 4) zero but for a ``1`` in the corner (of a homogeneous transform).
@@ -55,7 +53,6 @@ class JacobianTables:
     desc: Tensor
     anc: Tensor
     pos: Tensor
-    lin_mask: Tensor | None
     dof_body: Tensor | None
     world: Tensor
     e33: Tensor
@@ -106,12 +103,10 @@ def _make_jacobian_tables(tree: KinematicTree, dtype: torch.dtype, device: torch
             above.add(a)
             a = par[a]
         pairs += [(b, d) for d in range(nv) if db[d] in above]
-    lin = [1.0] * (3 * tree.nfree) + [0.0] * (3 * tree.nfree) + [float(p) for p in tree.is_prismatic]
     long = lambda x: torch.tensor(x, dtype=torch.long, device=device).reshape(-1)  # noqa: E731
     return JacobianTables(
         dof=long([d for _, d in pairs]), desc=long([b for b, _ in pairs]), anc=long([db[d] for _, d in pairs]),
         pos=long([b * nv + d for b, d in pairs]),
-        lin_mask=torch.tensor(lin, dtype=dtype, device=device)[:, None, None] if any(lin) else None,
         dof_body=long(db) if tree.nfree else None,
         world=torch.eye(4, dtype=dtype, device=device)[None, None],
         e33=torch.nn.functional.pad(torch.ones(1, 1, 1, 1, dtype=dtype, device=device), (3, 0, 3, 0)),
