@@ -123,3 +123,31 @@ def test_thread_count_restored():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(old)
+
+
+def test_thread_count_restored_with_concurrent_callers():
+    """Python threads calling at once share the one-thread setting; the caller's count comes back."""
+    import threading
+
+    robot = get_robot("iiwa")
+    q, v, a, _ = random_state(robot, (1,))
+    ref = robot.forward_dynamics(q, v, a)
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    errors = []
+
+    def work():
+        for _ in range(50):
+            if not torch.equal(robot.forward_dynamics(q, v, a), ref):
+                errors.append("different result")
+
+    try:
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(old)

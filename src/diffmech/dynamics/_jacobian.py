@@ -22,6 +22,7 @@ Kinematic quantities are body-major ``(nb, B, ...)``, the Jacobian batch-first.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -70,22 +71,34 @@ def use_jacobians(q: Tensor) -> bool:
     return q.shape[0] <= JACOBIAN_MAX_BATCH and not torch.compiler.is_compiling()
 
 
+_ONE_THREAD_LOCK = threading.Lock()
+_ONE_THREAD = [0, 1]  # calls inside, the thread count to give back when the last one leaves
+
+
 class one_thread:
     """Context: torch on the calling thread only. MKL splits even a ``7 x 42 x 7`` product over its
     threads, which then wait for a descheduled worker whenever other processes keep the cores busy:
     measured on 2 shared cores, forward dynamics at batch 1 spent 1.6 of 2 ms in such waits. The
-    formulation's products are small enough that one thread is also faster when the machine is idle."""
+    formulation's products are small enough that one thread is also faster when the machine is idle.
 
-    __slots__ = ("n",)
+    The thread count is process-wide: calls from several Python threads at once share one setting,
+    set by the first to enter and given back by the last to leave."""
+
+    __slots__ = ()
 
     def __enter__(self) -> None:
-        self.n = torch.get_num_threads()
-        if self.n != 1:
-            torch.set_num_threads(1)
+        with _ONE_THREAD_LOCK:
+            if _ONE_THREAD[0] == 0:
+                _ONE_THREAD[1] = torch.get_num_threads()
+                if _ONE_THREAD[1] != 1:
+                    torch.set_num_threads(1)
+            _ONE_THREAD[0] += 1
 
     def __exit__(self, *exc) -> None:
-        if self.n != 1:
-            torch.set_num_threads(self.n)
+        with _ONE_THREAD_LOCK:
+            _ONE_THREAD[0] -= 1
+            if _ONE_THREAD[0] == 0 and _ONE_THREAD[1] != 1:
+                torch.set_num_threads(_ONE_THREAD[1])
 
 
 def jacobian_tables(tree: KinematicTree, dtype: torch.dtype, device: torch.device) -> JacobianTables:
