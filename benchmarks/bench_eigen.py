@@ -45,8 +45,9 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "src"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _markdown, when imported by a test
 
-from _markdown import replace_section  # noqa: E402
+from _markdown import publish, replace_section, stamp  # noqa: E402
 from diffmech.control.configs import get_config  # noqa: E402
 from diffmech.control.eigenmodes import EigenmodeTrainer  # noqa: E402
 from diffmech.control.flow import code_grid, hamiltonian_flow  # noqa: E402
@@ -402,11 +403,7 @@ def main(argv: list[str] | None = None) -> dict:
             rep["memory"].append(c)
     if not args.quick and not args.no_converge:
         rep["converge"] = converge(args.lr, args.max_steps)
-    rep["load_before"], rep["load_after"] = load_before, os.getloadavg()
-    rep["wall_s"] = time.perf_counter() - t_start
-    rep["args"] = "" if argv is None and len(sys.argv) == 1 else " " + " ".join(sys.argv[1:] if argv is None else argv)
-    if json_path:
-        rep["json_path"] = os.path.relpath(json_path, ROOT)
+    stamp(rep, argv=argv, json_path=json_path, root=ROOT, load_before=load_before, t_start=t_start)
     main_grid = 100 if 100 in rep["steps"] else grids[0]
     c = rep["steps"][main_grid]
     ratio = c["reference-style"]["median_s"] / c["diffmech"]["median_s"]
@@ -419,14 +416,7 @@ def main(argv: list[str] | None = None) -> dict:
         rep["targets"].append({"target": "main configuration under 1 cm (high-accuracy) in < 2 min of training",
                                "measured": f"{1e3 * cv['ee_error_half_period']:.2f} mm after {cv['train_s']:.0f} s",
                                "met": bool(cv["converged"] and cv["train_s"] < 120)})
-    for t in rep["targets"]:
-        print(f"{t['target']}: {t['measured']} -> {'met' if t['met'] else 'NOT met'}")
-    if json_path:
-        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-        with open(json_path, "w") as f:
-            json.dump(rep, f, indent=2, default=float)
-    if md_path:
-        update_markdown(md_path, markdown(rep))
+    publish(rep, json_path, md_path, markdown, update_markdown)
     return rep
 
 

@@ -41,9 +41,10 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "src"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _markdown, when imported by a test
 
 import diffmech  # noqa: E402
-from _markdown import replace_section  # noqa: E402
+from _markdown import publish, replace_section, stamp  # noqa: E402
 from diffmech import spatial  # noqa: E402
 
 MARK_START, MARK_END = "<!-- bench_ik:start -->", "<!-- bench_ik:end -->"
@@ -342,11 +343,7 @@ def main(argv: list[str] | None = None) -> dict:
         dp, dr = pin_check(clik, r64.q.numpy()[sel], T.numpy()[sel])
         rep["pin_check"] = {"position": dp, "rotation": dr}
         print(f"Pinocchio FK of diffmech's solutions: max position error {dp:.2e} m, rotation {dr:.2e} rad")
-    rep["load_before"], rep["load_after"] = load_before, os.getloadavg()
-    rep["wall_s"] = time.perf_counter() - t_start
-    rep["args"] = "" if argv is None and len(sys.argv) == 1 else " " + " ".join(sys.argv[1:] if argv is None else argv)
-    if json_path:
-        rep["json_path"] = os.path.relpath(json_path, ROOT)
+    stamp(rep, argv=argv, json_path=json_path, root=ROOT, load_before=load_before, t_start=t_start)
     d = rep["results"]["diffmech_f64"]
     rep["targets"] = [{"target": f">= 99.5% of {args.n} reachable targets solved to {args.tol_position:g} m and "
                                  f"{args.tol_orientation:g} rad within {args.max_iterations} iterations (float64)",
@@ -357,14 +354,7 @@ def main(argv: list[str] | None = None) -> dict:
         rep["targets"].append({"target": "faster than a Pinocchio CLIK loop over the same targets (float64)",
                                "measured": f"{d['wall_s']:.3f} s vs {p['wall_s']:.3f} s (ratio "
                                            f"{d['wall_s'] / p['wall_s']:.3f})", "met": d["wall_s"] < p["wall_s"]})
-    for t in rep["targets"]:
-        print(f"{t['target']}: {t['measured']} -> {'met' if t['met'] else 'NOT met'}")
-    if json_path:
-        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-        with open(json_path, "w") as f:
-            json.dump(rep, f, indent=2, default=float)
-    if md_path:
-        update_markdown(md_path, markdown(rep))
+    publish(rep, json_path, md_path, markdown, update_markdown)
     return rep
 
 

@@ -51,6 +51,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 # DIFFMECH_SRC: another checkout's src/ (the "before" run of a comparison).
 sys.path.insert(0, os.environ.get("DIFFMECH_SRC", os.path.join(ROOT, "src")))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _markdown, when imported by a test
 
 import diffmech  # noqa: E402
 from diffmech.sim import rollout  # noqa: E402
