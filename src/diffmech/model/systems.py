@@ -35,9 +35,10 @@ import torch
 
 from ..errors import ModelError
 from ..robot import RobotModel
+from .collision import Shape, set_collision_shapes
 from .spec import JointSpec, LinkSpec, RobotSpec
 
-__all__ = ["pendulum", "n_link_pendulum", "double_pendulum", "cartpole", "acrobot"]
+__all__ = ["pendulum", "n_link_pendulum", "double_pendulum", "cartpole", "acrobot", "sphere", "box", "capsule"]
 
 _Y = (0.0, 1.0, 0.0)
 _X = (1.0, 0.0, 0.0)
@@ -376,3 +377,56 @@ def acrobot(
     robot = _model(spec, dtype, device)
     robot.actuated_joints = ["elbow"]
     return robot
+
+
+# ---------------------------------------------------------------------------- free rigid bodies
+def _free_body(name: str, shape: Shape, mass: float, inertia, dtype, device, gravity) -> RobotModel:
+    if not (isinstance(mass, (int, float)) and math.isfinite(mass) and mass > 0):
+        raise ModelError(f"{name}: mass must be a positive finite number, got {mass!r}")
+    g = _gravity(gravity, name)
+    spec = RobotSpec(name, [LinkSpec("body", mass=float(mass), inertia=inertia)], [], gravity=g)
+    robot = RobotModel(spec, floating_base=True, dtype=dtype, device=device)
+    set_collision_shapes(robot, "body", shape)
+    return robot
+
+
+def sphere(radius: float, mass: float, *, name: str = "sphere", dtype=torch.float64, device=None,
+           gravity=9.81) -> RobotModel:
+    """A free solid sphere of uniform density: one link ``body`` on a floating base (``nq = 7``,
+    ``nv = 6``; ``q = (x, y, z, qx, qy, qz, qw)`` of its centre) with a sphere collision shape.
+
+    Args:
+        radius: m. mass: kg.
+    """
+    shape = Shape("sphere", (radius,))
+    return _free_body(name, shape, mass, _sphere_inertia(float(mass), float(radius)), dtype, device, gravity)
+
+
+def box(size=(1.0, 1.0, 1.0), mass: float = 1.0, *, name: str = "box", dtype=torch.float64, device=None,
+        gravity=9.81) -> RobotModel:
+    """A free solid box of uniform density, side lengths ``size = (lx, ly, lz)`` m along its body
+    axes, centred on the link origin; floating base as :func:`sphere`."""
+    shape = Shape("box", tuple(size))
+    lx, ly, lz = shape.size
+    m = float(mass)
+    inertia = ((m * (ly**2 + lz**2) / 12, 0.0, 0.0), (0.0, m * (lx**2 + lz**2) / 12, 0.0),
+               (0.0, 0.0, m * (lx**2 + ly**2) / 12))
+    return _free_body(name, shape, mass, inertia, dtype, device, gravity)
+
+
+def capsule(radius: float, length: float, mass: float, *, name: str = "capsule", dtype=torch.float64, device=None,
+            gravity=9.81) -> RobotModel:
+    """A free solid capsule of uniform density: a cylinder of ``radius`` and ``length`` (m) along
+    the body ``z`` axis with a half-sphere on each end, centred on the link origin; floating base
+    as :func:`sphere`."""
+    shape = Shape("capsule", (radius, length))
+    r, h = shape.size
+    m = float(mass)
+    vc, vs = math.pi * r**2 * h, 4.0 / 3.0 * math.pi * r**3
+    mc, ms = m * vc / (vc + vs), m * vs / (vc + vs)
+    # cylinder plus two half-spheres whose centres of mass sit 3r/8 beyond the cylinder's ends
+    izz = mc * r**2 / 2 + ms * 2 * r**2 / 5
+    d = h / 2 + 3 * r / 8
+    ixx = mc * (3 * r**2 + h**2) / 12 + ms * (83 * r**2 / 320 + d**2)
+    inertia = ((ixx, 0.0, 0.0), (0.0, ixx, 0.0), (0.0, 0.0, izz))
+    return _free_body(name, shape, mass, inertia, dtype, device, gravity)

@@ -1,5 +1,7 @@
-"""Simulation: fixed-step integrators and differentiable rollouts with a checkpointed adjoint."""
+"""Simulation: fixed-step integrators, scenes with frictional contact, and differentiable rollouts with a
+checkpointed adjoint."""
 
+from .contact_step import contact_step
 from .integrators import (
     INTEGRATORS,
     RK4,
@@ -11,9 +13,11 @@ from .integrators import (
     get_integrator,
 )
 from .rollout import ADJOINTS, rollout
+from .scene import Scene
 from .stability import stable_dt
 
 __all__ = [
-    "rollout", "ADJOINTS", "stable_dt", "INTEGRATORS", "Integrator", "ExplicitEuler", "SemiImplicitEuler",
+    "rollout", "Scene", "contact_step",
+    "ADJOINTS", "stable_dt", "INTEGRATORS", "Integrator", "ExplicitEuler", "SemiImplicitEuler",
     "ExplicitMidpoint", "RK4", "VariationalMidpoint", "get_integrator",
 ]

@@ -59,7 +59,9 @@ from ._guards import (
 )
 from ._step_jacobians import dynamics_vjp, step_jacobians
 from .compiled_step import CompiledStep
+from .contact_rollout import scene_rollout
 from .integrators import Integrator, get_integrator
+from .scene import Scene
 
 __all__ = ["rollout", "ADJOINTS"]
 
@@ -822,11 +824,15 @@ def rollout(
     progress: bool = False,
     stats: dict | None = None,
     compile: bool | CompiledDynamics = False,
+    contact: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Simulate ``T`` fixed steps and return the trajectory, differentiably.
 
     Args:
-        robot: the model (its trainable parameters receive gradients).
+        robot: the model (its trainable parameters receive gradients), or a
+            :class:`~diffmech.sim.Scene` (several models, ground, frictional contact; stepped by
+            :mod:`~diffmech.sim.contact_step` with semi-implicit Euler; ``integrator``,
+            ``checkpoint_every``, ``f_ext``, ``passive`` and ``compile`` do not apply).
         q0: (..., nq) initial configuration.
         v0: (..., nv) initial velocity.
         tau: either joint forces ``(..., T, nv)`` held constant over each step (time after the
@@ -878,7 +884,11 @@ def rollout(
         stats: optional dict filled with ``forward_time`` (s), ``steps``, ``checkpoint_every``,
             ``saved_state_bytes``, ``max_energy_ratio`` (the largest ratio of the divergence
             check, with the check on) and, after ``backward()``, ``backward_time`` (s) and
-            ``recomputed_steps`` (checkpoint mode) -- for benchmarks.
+            ``recomputed_steps`` (checkpoint mode) -- for benchmarks. For a scene:
+            ``contact_iterations_max``, ``contact_residual_max``, ``contact_penetration_max``,
+            ``contact_candidates_max`` (see :func:`~diffmech.sim.contact_rollout.scene_rollout`).
+        contact: with a :class:`RobotModel` that has collision shapes, simulate it as a one-model
+            scene (ground, friction 0.5, joint limits).
 
     Returns:
         ``q (..., T + 1, nq)`` and ``v (..., T + 1, nv)``, the states at ``t = 0, dt, ..., T dt``;
@@ -893,6 +903,12 @@ def rollout(
         ShapeError: inconsistent shapes, dtypes or options.
         OptionError: an unknown adjoint or integrator, or a bad ``max_energy_growth``.
     """
+    if contact or isinstance(robot, Scene):
+        if f_ext is not None:
+            raise OptionError("rollout: f_ext is not supported with contact (a Scene)")
+        scene = robot if isinstance(robot, Scene) else Scene({robot.name: robot})
+        return scene_rollout(scene, q0, v0, tau, dt, adjoint=adjoint, steps=steps, params=params,
+                             progress=progress, stats=stats)
     integ = get_integrator(integrator)
     integ.check_robot(robot)
     if adjoint not in ADJOINTS:

@@ -1,0 +1,135 @@
+"""Collision shapes attached to links: the description the contact code reads.
+
+A :class:`Shape` is plain data -- a kind, its dimensions in metres and its placement in the link
+frame -- kept in ``robot.meta["collision"]`` (``{link name: [Shape, ...]}``), so it travels with
+``copy.deepcopy``, pickling and ``torch.save`` like the rest of the description. Shapes come from a
+URDF's ``<collision>`` elements (:func:`collision_shapes` reads them the first time it is asked)
+or are set with :func:`set_collision_shapes`.
+
+Dimensions (URDF conventions): ``sphere`` ``(radius,)``; ``box`` ``(lx, ly, lz)`` full side
+lengths; ``cylinder`` and ``capsule`` ``(radius, length)`` with the axis along the shape's local
+``z`` and ``length`` the distance between the centres of the end faces (capsule: of the end
+spheres).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+from ..errors import ModelError
+
+__all__ = ["Shape", "collision_shapes", "set_collision_shapes", "KINDS"]
+
+KINDS = {"sphere": 1, "box": 3, "cylinder": 2, "capsule": 2}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One collision shape of a link.
+
+    Attributes:
+        kind: ``"sphere"``, ``"box"``, ``"cylinder"`` or ``"capsule"``.
+        size: dimensions in metres (see the module docstring).
+        xyz: origin of the shape in the link frame, m.
+        rpy: orientation of the shape in the link frame (URDF roll-pitch-yaw), rad.
+    """
+
+    kind: str
+    size: tuple[float, ...]
+    xyz: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    rpy: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ModelError(f"collision shape: unknown kind {self.kind!r}; choose from {sorted(KINDS)}")
+        size = tuple(float(s) for s in self.size)
+        if len(size) != KINDS[self.kind] or not all(math.isfinite(s) and s > 0 for s in size):
+            raise ModelError(f"collision shape {self.kind}: size must be {KINDS[self.kind]} positive finite "
+                             f"numbers, got {self.size!r}")
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "xyz", tuple(float(x) for x in self.xyz))
+        object.__setattr__(self, "rpy", tuple(float(x) for x in self.rpy))
+
+    @property
+    def bounding_radius(self) -> float:
+        """Radius of a sphere about the shape's origin that holds the shape, m."""
+        s = self.size
+        if self.kind == "sphere":
+            return s[0]
+        if self.kind == "box":
+            return 0.5 * math.sqrt(s[0] ** 2 + s[1] ** 2 + s[2] ** 2)
+        if self.kind == "capsule":
+            return 0.5 * s[1] + s[0]
+        return math.sqrt(s[0] ** 2 + 0.25 * s[1] ** 2)
+
+
+def _floats(text: str | None, n: int, default: tuple[float, ...]) -> tuple[float, ...]:
+    if text is None:
+        return default
+    vals = tuple(float(x) for x in text.split())
+    if len(vals) != n:
+        raise ValueError(f"expected {n} numbers, got {text!r}")
+    return vals
+
+
+def _parse(link: str, xml: str, source: str) -> Shape | None:
+    from lxml import etree
+
+    el = etree.fromstring(xml)
+    origin = el.find("origin")
+    xyz = _floats(origin.get("xyz") if origin is not None else None, 3, (0.0, 0.0, 0.0))
+    rpy = _floats(origin.get("rpy") if origin is not None else None, 3, (0.0, 0.0, 0.0))
+    geom = el.find("geometry")
+    if geom is None or len(geom) == 0:
+        return None
+    g = geom[0]
+    if g.tag == "sphere":
+        return Shape("sphere", (float(g.get("radius")),), xyz, rpy)
+    if g.tag == "box":
+        return Shape("box", _floats(g.get("size"), 3, ()), xyz, rpy)
+    if g.tag in ("cylinder", "capsule"):
+        return Shape(g.tag, (float(g.get("radius")), float(g.get("length"))), xyz, rpy)
+    warnings.warn(f"{source}: link {link!r}: <collision> geometry <{g.tag}> is not used for contact "
+                  "(only sphere, box, cylinder and capsule are)", stacklevel=4)
+    return None
+
+
+def collision_shapes(robot) -> dict[str, list[Shape]]:
+    """The collision shapes of each link, ``{link: [Shape, ...]}`` (links without shapes absent).
+
+    Read once from the URDF's ``<collision>`` elements (a mesh is skipped with one warning naming
+    the link) unless :func:`set_collision_shapes` set them.
+    """
+    meta = robot.meta
+    if "collision" not in meta:
+        out: dict[str, list[Shape]] = {}
+        geometry = meta.get("urdf", {}).get("geometry", {})
+        for link, elements in geometry.items():
+            for xml in elements:
+                if not xml.lstrip().startswith("<collision"):
+                    continue
+                try:
+                    shape = _parse(link, xml, getattr(robot, "name", "robot"))
+                except (ValueError, TypeError) as exc:
+                    raise ModelError(f"{robot.name}: link {link!r}: unreadable <collision>: {exc}") from None
+                if shape is not None:
+                    out.setdefault(link, []).append(shape)
+        meta["collision"] = out
+    return meta["collision"]
+
+
+def set_collision_shapes(robot, link: str, shapes: Shape | list[Shape] | None) -> None:
+    """Replace the collision shapes of ``link`` (``None`` or ``[]`` removes them)."""
+    if link not in robot.link_names:
+        raise ModelError(f"{robot.name}: no link named {link!r} (links: {list(robot.link_names)})")
+    table = collision_shapes(robot)
+    shapes = [] if shapes is None else [shapes] if isinstance(shapes, Shape) else list(shapes)
+    for s in shapes:
+        if not isinstance(s, Shape):
+            raise ModelError(f"{robot.name}: link {link!r}: expected diffmech.model.collision.Shape, got {type(s)}")
+    if shapes:
+        table[link] = shapes
+    else:
+        table.pop(link, None)

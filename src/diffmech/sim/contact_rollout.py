@@ -1,0 +1,176 @@
+"""Rollouts of a :class:`~diffmech.sim.Scene` (contact), with a checkpointed backward pass.
+
+``adjoint="checkpoint"`` stores the states ``(q_k, v_k)`` only; the backward pass walks the steps in
+reverse, recomputes step ``k`` under autograd from the stored state and back-propagates the
+adjoint through it (the contact solve's iterations included), so memory is ``steps x state`` plus
+one step's graph. ``adjoint="autograd"`` keeps the graph of the whole loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from ..errors import ShapeError, SimulationError
+from .contact_step import contact_step
+from .scene import Scene
+
+__all__ = ["scene_rollout"]
+
+
+def _trainable(scene: Scene, policy, params: Sequence[Tensor]) -> list[Tensor]:
+    out, seen = [], set()
+    mods = [scene] + ([policy] if isinstance(policy, torch.nn.Module) else [])
+    cands = [p for m in mods for p in m.parameters()] + scene.coefficient_tensors() + list(params)
+    for p in cands:
+        if isinstance(p, Tensor) and p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+def _check(k: int, q: Tensor, v: Tensor) -> None:
+    if not (torch.isfinite(q).all() and torch.isfinite(v).all()):
+        bad = (~(torch.isfinite(q).all(-1) & torch.isfinite(v).all(-1))).nonzero()[0, 0]
+        raise SimulationError(f"scene rollout: the state became non-finite at step {k} (batch element {int(bad)}); "
+                              "try a smaller dt")
+
+
+class _Checkpointed(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, scene, ctrl, dt, T, stats, q0, v0, tau, *params):
+        Q = [q0.detach()]
+        V = [v0.detach()]
+        q, v = Q[0], V[0]
+        info_all = {"iterations": 0, "residual": 0.0, "penetration": 0.0, "candidates": 0}
+        with torch.no_grad():
+            for k in range(T):
+                info: dict = {}
+                q, v = contact_step(scene, q, v, ctrl(k, q, v, tau), dt, info)
+                if k % 32 == 31 or k == T - 1:
+                    _check(k, q, v)
+                info_all["iterations"] = max(info_all["iterations"], info["iterations"])
+                info_all["residual"] = max(info_all["residual"], info["residual"])
+                info_all["penetration"] = max(info_all["penetration"], info["penetration"])
+                info_all["candidates"] = max(info_all["candidates"], info["candidates"])
+                Q.append(q)
+                V.append(v)
+        if stats is not None:
+            stats.update({f"contact_{k}_max": x for k, x in info_all.items()})
+        Qs, Vs = torch.stack(Q, 1), torch.stack(V, 1)
+        ctx.scene, ctx.ctrl, ctx.dt, ctx.T = scene, ctrl, dt, T
+        ctx.has_tau = tau is not None
+        ctx.save_for_backward(Qs, Vs, tau if tau is not None else torch.empty(0), *params)
+        return Qs, Vs
+
+    @staticmethod
+    def backward(ctx, gQ, gV):
+        Qs, Vs, tau, *params = ctx.saved_tensors
+        scene, ctrl, dt, T = ctx.scene, ctx.ctrl, ctx.dt, ctx.T
+        aq, av = gQ[:, T].clone(), gV[:, T].clone()
+        gtau = torch.zeros_like(tau) if ctx.has_tau and ctx.needs_input_grad[7] else None
+        gp = [torch.zeros_like(p) for p in params]
+        for k in range(T - 1, -1, -1):
+            with torch.enable_grad():
+                q = Qs[:, k].detach().requires_grad_()
+                v = Vs[:, k].detach().requires_grad_()
+                tk = tau[:, k].detach().requires_grad_() if ctx.has_tau else None
+                u = tk if tk is not None else ctrl(k, q, v, None)
+                q1, v1 = contact_step(scene, q, v, u, dt)
+                ins = [q, v] + ([tk] if tk is not None else []) + list(params)
+                gs = torch.autograd.grad((q1, v1), ins, (aq, av), allow_unused=True)
+            bad = [i for i, g in enumerate(gs) if g is not None and not torch.isfinite(g).all()]
+            if bad:
+                raise SimulationError(f"scene rollout backward: non-finite gradient at step {k}")
+            aq = gQ[:, k] + (gs[0] if gs[0] is not None else 0)
+            av = gV[:, k] + (gs[1] if gs[1] is not None else 0)
+            off = 2
+            if tk is not None:
+                if gtau is not None and gs[2] is not None:
+                    gtau[:, k] = gs[2]
+                off = 3
+            for i, g in enumerate(gs[off:]):
+                if g is not None:
+                    gp[i] = gp[i] + g
+        return (None, None, None, None, None, aq, av, gtau, *gp)
+
+
+def scene_rollout(
+    scene: Scene,
+    q0: Tensor,
+    v0: Tensor,
+    tau: Tensor | Callable,
+    dt: float,
+    *,
+    adjoint: str = "checkpoint",
+    steps: int | None = None,
+    params: Sequence[Tensor] | None = None,
+    progress: bool = False,
+    stats: dict | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Simulate a scene; shapes and meaning as :func:`diffmech.sim.rollout` (``q0 (..., nq)``,
+    ``v0 (..., nv)``, ``tau (..., T, nv)`` or a policy ``f(t, q, v)``; returns ``(..., T+1, nq)``
+    and ``(..., T+1, nv)``). ``stats`` receives ``contact_iterations_max``,
+    ``contact_residual_max`` (the solver's last relative impulse change, largest over the steps),
+    ``contact_penetration_max`` (m) and ``contact_candidates_max``."""
+    if adjoint not in ("checkpoint", "autograd"):
+        from ..errors import OptionError
+
+        raise OptionError(f"rollout: unknown adjoint {adjoint!r}; choose from ('checkpoint', 'autograd')")
+    if q0.shape[-1] != scene.nq or v0.shape[-1] != scene.nv:
+        raise ShapeError(f"rollout: the scene has nq={scene.nq}, nv={scene.nv}; got q0 {tuple(q0.shape)}, "
+                         f"v0 {tuple(v0.shape)}")
+    batch = torch.broadcast_shapes(q0.shape[:-1], v0.shape[:-1])
+    policy = tau if callable(tau) and not isinstance(tau, Tensor) else None
+    if policy is None:
+        if tau.dim() < 2 or tau.shape[-1] != scene.nv:
+            raise ShapeError(f"rollout: tau must be (..., T, {scene.nv}), got {tuple(tau.shape)}")
+        if steps is not None and steps != tau.shape[-2]:
+            raise ShapeError(f"rollout: steps={steps} but tau has {tau.shape[-2]} steps")
+        T = tau.shape[-2]
+        batch = torch.broadcast_shapes(batch, tau.shape[:-2])
+    else:
+        if steps is None:
+            raise ShapeError("rollout: a policy needs steps=")
+        T = int(steps)
+    B = int(torch.Size(batch).numel())
+    q0f = q0.expand(*batch, scene.nq).reshape(B, scene.nq)
+    v0f = v0.expand(*batch, scene.nv).reshape(B, scene.nv)
+    tauf = None
+    if policy is None:
+        tauf = tau.expand(*batch, T, scene.nv).reshape(B, T, scene.nv)
+        if not torch.isfinite(tauf).all():
+            raise SimulationError("rollout: tau has non-finite entries")
+
+    def ctrl(k, q, v, tau_all):
+        if policy is None:
+            return tau_all[:, k]
+        u = policy(k * dt, q.reshape(*batch, scene.nq), v.reshape(*batch, scene.nv))
+        return u.reshape(B, scene.nv)
+
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=T, desc="rollout", disable=None)
+    if adjoint == "autograd":
+        q, v = q0f, v0f
+        Q, V = [q], [v]
+        for k in range(T):
+            q, v = contact_step(scene, q, v, ctrl(k, q, v, tauf), dt)
+            if k % 32 == 31 or k == T - 1:
+                _check(k, q, v)
+            Q.append(q)
+            V.append(v)
+            if progress:
+                bar.update(1)
+        Qs, Vs = torch.stack(Q, 1), torch.stack(V, 1)
+    else:
+        ps = _trainable(scene, policy, params or [])
+        Qs, Vs = _Checkpointed.apply(scene, ctrl, dt, T, stats, q0f, v0f, tauf, *ps)
+        if progress:
+            bar.update(T)
+    if progress:
+        bar.close()
+    return Qs.reshape(*batch, T + 1, scene.nq), Vs.reshape(*batch, T + 1, scene.nv)

@@ -1,0 +1,167 @@
+"""``Scene``: several robots and free bodies in one world, with a ground plane and contact laws.
+
+The scene's state is the models' states concatenated in the order given: ``q = [q_a, q_b, ...]``
+(``scene.nq``), ``v = [v_a, v_b, ...]`` (``scene.nv``), ``scene.slices[name]`` and
+``scene.vslices[name]`` the parts of each model. :func:`diffmech.sim.rollout` steps a scene with
+frictional contact (:mod:`diffmech.sim.contact_step`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import ModelError, ShapeError
+from ..model.collision import collision_shapes
+from ..robot import RobotModel
+
+__all__ = ["Scene", "GROUND"]
+
+GROUND = "ground"
+
+
+def _coef(value, name: str, where: str) -> Tensor | float:
+    if isinstance(value, Tensor):
+        if value.numel() != 1 or not torch.isfinite(value).all() or float(value.detach()) < 0:
+            raise ModelError(f"{where}: {name} must be one non-negative finite number, got a tensor of shape "
+                             f"{tuple(value.shape)} ({value.detach().flatten()[:3].tolist()})")
+        return value.reshape(())
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise ModelError(f"{where}: {name} must be a number or a one-element tensor, got {value!r}") from None
+    if not (f >= 0 and f < float("inf")):
+        raise ModelError(f"{where}: {name} must be non-negative and finite, got {value!r}")
+    return f
+
+
+class Scene(nn.Module):
+    """Rigid bodies and robots in one world, touching each other and the ground.
+
+    Args:
+        models: ``{name: RobotModel}`` or a sequence of models (named by ``model.name``, which must
+            then be unique). Fixed-base models stay where their root is; floating-base ones move
+            freely (``diffmech.model.systems.sphere`` / ``box`` / ``capsule`` build free bodies).
+            Only links with collision shapes (:mod:`diffmech.model.collision`) touch anything.
+        ground: a plane ``z = 0`` with normal ``+z`` (named ``"ground"`` in ``pairs``).
+        friction: Coulomb coefficient of every pair (number or one-element tensor; a tensor that
+            requires grad receives gradients through a rollout).
+        restitution: coefficient of restitution of every pair (0: plastic, 1: elastic), likewise.
+        pairs: per pair of names, ``{("ball", "ground"): {"friction": 0.0, "restitution": 0.5}}``
+            (order of the two names does not matter).
+        limits: enforce the URDF joint position limits as unilateral constraints.
+        self_collision: test shapes of one model against each other (links that share a joint
+            excluded).
+        iterations: maximum projected Gauss-Seidel sweeps per step.
+        tol: the solver stops when no impulse changes by more than ``tol`` (relative) in a sweep.
+        baumgarte: fraction of a penetration removed per step (by a separating velocity).
+        bounce_speed: restitution applies to impacts faster than this, m/s (slower ones settle).
+
+    Attributes:
+        names, nq, nv, slices, vslices, models (``nn.ModuleDict``).
+    """
+
+    def __init__(self, models, *, ground: bool = True, friction=0.5, restitution=0.0, pairs=None,
+                 limits: bool = True, self_collision: bool = False, iterations: int = 50, tol: float = 1e-9,
+                 baumgarte: float = 0.2, bounce_speed: float = 1e-2):
+        super().__init__()
+        if isinstance(models, RobotModel):
+            models = [models]
+        if isinstance(models, Mapping):
+            items = list(models.items())
+        elif isinstance(models, Sequence):
+            items = [(m.name, m) for m in models]
+        else:
+            raise ModelError(f"Scene: models must be a dict of name -> RobotModel or a list, got {type(models)}")
+        if not items:
+            raise ModelError("Scene: no models")
+        names = [n for n, _ in items]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ModelError(f"Scene: model names must be unique, {sorted(dup)} repeat (pass a dict to name them)")
+        if GROUND in names:
+            raise ModelError(f"Scene: {GROUND!r} is the ground's name; rename that model")
+        for n, m in items:
+            if not isinstance(m, RobotModel):
+                raise ModelError(f"Scene: model {n!r} is a {type(m).__name__}, not a RobotModel")
+        dtypes = {m.dtype for _, m in items}
+        if len(dtypes) > 1:
+            raise ModelError(f"Scene: the models have different dtypes {sorted(map(str, dtypes))}")
+        self.names = names
+        self.models = nn.ModuleDict(dict(items))
+        self.slices: dict[str, slice] = {}
+        self.vslices: dict[str, slice] = {}
+        iq = iv = 0
+        for n, m in items:
+            self.slices[n], self.vslices[n] = slice(iq, iq + m.nq), slice(iv, iv + m.nv)
+            iq, iv = iq + m.nq, iv + m.nv
+        self.nq, self.nv = iq, iv
+        self.ground = bool(ground)
+        self.friction = _coef(friction, "friction", "Scene")
+        self.restitution = _coef(restitution, "restitution", "Scene")
+        self.pairs: dict[frozenset, dict] = {}
+        for key, vals in (pairs or {}).items():
+            if not (isinstance(key, tuple) and len(key) == 2):
+                raise ModelError(f"Scene: pairs keys must be (name, name) tuples, got {key!r}")
+            for k in key:
+                if k not in names and k != GROUND:
+                    raise ModelError(f"Scene: pairs names unknown model {k!r} (models: {names + [GROUND]})")
+            bad = set(vals) - {"friction", "restitution"}
+            if bad:
+                raise ModelError(f"Scene: pairs[{key!r}]: unknown keys {sorted(bad)} (friction, restitution)")
+            self.pairs[frozenset(key)] = {k: _coef(v, k, f"Scene pairs[{key!r}]") for k, v in vals.items()}
+        self.limits, self.self_collision = bool(limits), bool(self_collision)
+        if iterations < 1 or tol < 0:
+            raise ModelError(f"Scene: iterations must be >= 1 and tol >= 0, got {iterations}, {tol}")
+        self.iterations, self.tol = int(iterations), float(tol)
+        self.baumgarte, self.bounce_speed = float(baumgarte), float(bounce_speed)
+        self.shapes = {n: collision_shapes(m) for n, m in items}
+
+    # ------------------------------------------------------------------ state
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(iter(self.models.values())).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.models.values())).device
+
+    def model(self, name: str) -> RobotModel:
+        return self.models[name]
+
+    def neutral_configuration(self) -> Tensor:
+        """``(nq,)``: every model's neutral configuration."""
+        return torch.cat([self.models[n].neutral_configuration() for n in self.names])
+
+    def random_configuration(self, *batch: int, generator: torch.Generator | None = None) -> Tensor:
+        """``(*batch, nq)``: every model's random configuration (free bodies anywhere in
+        ``[-1, 1]^3``: bodies may overlap)."""
+        return torch.cat([self.models[n].random_configuration(*batch, generator=generator) for n in self.names], -1)
+
+    def split(self, x: Tensor, which: str = "q") -> dict[str, Tensor]:
+        """``{name: part}`` of a scene ``q`` (``which="q"``) or ``v`` (``"v"``) ``(..., n)``."""
+        sl, n = (self.slices, self.nq) if which == "q" else (self.vslices, self.nv)
+        if x.shape[-1] != n:
+            raise ShapeError(f"Scene: {which} must have {n} entries in its last dimension, got shape {tuple(x.shape)}")
+        return {k: x[..., s] for k, s in sl.items()}
+
+    def coefficients(self, a: str, b: str) -> tuple[Tensor | float, Tensor | float]:
+        """``(friction, restitution)`` of the pair ``(a, b)`` (model names or ``"ground"``)."""
+        over = self.pairs.get(frozenset((a, b)), {})
+        return over.get("friction", self.friction), over.get("restitution", self.restitution)
+
+    def coefficient_tensors(self) -> list[Tensor]:
+        """The friction and restitution tensors that require grad (for the rollout's gradients)."""
+        vals = [self.friction, self.restitution] + [v for d in self.pairs.values() for v in d.values()]
+        out, seen = [], set()
+        for v in vals:
+            if isinstance(v, Tensor) and v.requires_grad and id(v) not in seen:
+                seen.add(id(v))
+                out.append(v)
+        return out
+
+    def extra_repr(self) -> str:
+        return (f"models={self.names}, nq={self.nq}, nv={self.nv}, ground={self.ground}, "
+                f"friction={float(self.friction):g}, restitution={float(self.restitution):g}")
