@@ -101,21 +101,22 @@ def test_friction_acts_on_both_bodies_of_a_pair():
 
 
 @pytest.mark.slow
-def test_stack_of_three_boxes_rests():
-    """Two seconds, not the issue's ten: projected Gauss-Seidel without warm start needs about 300
-    sweeps per step to hold this stack (at 50-200 it slowly sinks and topples), 0.3-0.8 s per step
-    on a busy 2-core machine."""
+def test_stack_of_three_boxes_rests_for_ten_seconds():
+    """Equal boxes, so corners of neighbours meet edge on edge (the degenerate case of the box-box
+    footprint test); the solver is warm-started from the previous step's impulses."""
     boxes = {f"b{i}": systems.box((0.3, 0.3, 0.2), 1.0, name=f"b{i}") for i in range(3)}
-    scene = Scene(boxes, friction=0.8, iterations=300)
+    scene = Scene(boxes, friction=0.8)
     q0, v0 = _state(scene, b0=(0.0, 0.0, 0.1), b1=(0.0, 0.0, 0.3), b2=(0.0, 0.0, 0.5))
-    dt, T = 0.01, 200
+    dt, T = 0.01, 1000
     Q, V = rollout(scene, q0, v0, _zeros(scene, T), dt)
     z = Q[:, [2, 9, 16]]
     assert (z - z[0]).abs().max() < 1e-3
-    ke = sum(0.5 * (V[:, 6 * i:6 * i + 3] ** 2).sum(-1) for i in range(3))
-    assert ke.max() < 1e-6  # no jitter growth
-    pe = G * z.sum(-1)
-    assert (pe[-1] - pe[0]) <= 1e-9  # energy does not increase
+    ke = sum(0.5 * (V[:, 6 * i:6 * i + 3] ** 2).sum(-1) + 0.5 * 0.0108 * (V[:, 6 * i + 3:6 * i + 6] ** 2).sum(-1)
+             for i in range(3))
+    # the first step settles the stack (its solve starts cold); after that no jitter grows
+    assert ke.max() < 1e-4 and ke[100:].max() < 1e-8 and ke[-100:].max() <= ke[100:200].max()
+    energy = ke + G * z.sum(-1)
+    assert energy[100:].max() <= energy[100] + 1e-9  # and the energy does not increase
 
 
 def _limited_pendulum(lower, upper):

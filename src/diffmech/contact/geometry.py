@@ -182,7 +182,7 @@ def box_box(Ra: Tensor, pa: Tensor, sa, Rb: Tensor, pb: Tensor, sb) -> Candidate
     ca, cb = _corners(Ra, pa, sa), _corners(Rb, pb, sb)
     phi_a = (ca * n[:, None]).sum(-1) - top_b[:, None]
     phi_b = low_a[:, None] - (cb * n[:, None]).sum(-1)
-    tol = 1e-6 * max(max(sa), max(sb))
+    tol = 1e-3 * max(max(sa), max(sb))
     with torch.no_grad():
         in_b = point_box(ca - phi_a[..., None] * n[:, None], Rb, pb, sb)[0] <= tol
         in_a = point_box(cb + phi_b[..., None] * n[:, None], Ra, pa, sa)[0] <= tol

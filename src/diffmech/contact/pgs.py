@@ -32,7 +32,7 @@ class PGSResult(NamedTuple):
 
 
 def pgs(A: Tensor, c: Tensor, mu: Tensor, *, iterations: int = 50, tol: float = 1e-9,
-        check_every: int = 4) -> PGSResult:
+        check_every: int = 4, lam0: Tensor | None = None) -> PGSResult:
     """Solve the contact problem above by projected Gauss-Seidel.
 
     Args:
@@ -42,6 +42,8 @@ def pgs(A: Tensor, c: Tensor, mu: Tensor, *, iterations: int = 50, tol: float = 
         iterations: maximum number of sweeps over the blocks.
         tol: stop when no impulse changed by more than ``tol`` times the largest impulse (plus
             ``tol`` N s) in a sweep (checked every ``check_every`` sweeps).
+        lam0: optional (B, K, 3) starting impulses (a warm start, e.g. the previous step's; treated
+            as a constant: the solution, not the path to it, carries the gradient).
 
     Returns:
         :class:`PGSResult`.
@@ -55,8 +57,13 @@ def pgs(A: Tensor, c: Tensor, mu: Tensor, *, iterations: int = 50, tol: float = 
     inv = torch.where(safe, 1.0 / torch.where(safe, diag, torch.ones_like(diag)), torch.zeros_like(diag))
     cols = [A[:, :, 3 * i:3 * i + 3] for i in range(K)]
     a_tn = [A[:, 3 * i + 1:3 * i + 3, 3 * i] for i in range(K)]
-    lam = [c.new_zeros(B, 3) for _ in range(K)]
-    w = c
+    if lam0 is None:
+        lam = [c.new_zeros(B, 3) for _ in range(K)]
+        w = c
+    else:
+        lam0 = lam0.detach()
+        lam = list(lam0.unbind(1))
+        w = c + (A @ lam0.reshape(B, R, 1))[..., 0]
     it, residual = 0, float("inf")
     for it in range(1, iterations + 1):
         check = it % check_every == 0 or it == iterations

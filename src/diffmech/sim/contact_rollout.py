@@ -2,8 +2,9 @@
 
 ``adjoint="checkpoint"`` stores the states ``(q_k, v_k)`` only; the backward pass walks the steps in
 reverse, recomputes step ``k`` under autograd from the stored state and back-propagates the
-adjoint through it (the contact solve's iterations included), so memory is ``steps x state`` plus
-one step's graph. ``adjoint="autograd"`` keeps the graph of the whole loop.
+adjoint through it (the contact solve's iterations included), so memory is ``steps x state`` (plus
+each step's warm-start impulses, ``steps x contacts x 3``) and one step's graph. The solver of each
+step starts from the previous step's impulses (held constant for the gradient). ``adjoint="autograd"`` keeps the graph of the whole loop.
 """
 
 from __future__ import annotations
@@ -45,10 +46,12 @@ class _Checkpointed(torch.autograd.Function):
         V = [v0.detach()]
         q, v = Q[0], V[0]
         info_all = {"iterations": 0, "residual": 0.0, "penetration": 0.0, "candidates": 0}
+        warm: list[dict] = [{}]  # the solver's warm start of each step, for the recomputation
         with torch.no_grad():
             for k in range(T):
                 info: dict = {}
-                q, v = contact_step(scene, q, v, ctrl(k, q, v, tau), dt, info)
+                q, v = contact_step(scene, q, v, ctrl(k, q, v, tau), dt, info, warm=warm[-1])
+                warm.append(info["lam"])
                 if k % 32 == 31 or k == T - 1:
                     _check(k, q, v)
                 info_all["iterations"] = max(info_all["iterations"], info["iterations"])
@@ -60,7 +63,7 @@ class _Checkpointed(torch.autograd.Function):
         if stats is not None:
             stats.update({f"contact_{k}_max": x for k, x in info_all.items()})
         Qs, Vs = torch.stack(Q, 1), torch.stack(V, 1)
-        ctx.scene, ctx.ctrl, ctx.dt, ctx.T = scene, ctrl, dt, T
+        ctx.scene, ctx.ctrl, ctx.dt, ctx.T, ctx.warm = scene, ctrl, dt, T, warm
         ctx.has_tau = tau is not None
         ctx.save_for_backward(Qs, Vs, tau if tau is not None else torch.empty(0), *params)
         return Qs, Vs
@@ -78,7 +81,7 @@ class _Checkpointed(torch.autograd.Function):
                 v = Vs[:, k].detach().requires_grad_()
                 tk = tau[:, k].detach().requires_grad_() if ctx.has_tau else None
                 u = tk if tk is not None else ctrl(k, q, v, None)
-                q1, v1 = contact_step(scene, q, v, u, dt)
+                q1, v1 = contact_step(scene, q, v, u, dt, warm=ctx.warm[k])
                 ins = [q, v] + ([tk] if tk is not None else []) + list(params)
                 gs = torch.autograd.grad((q1, v1), ins, (aq, av), allow_unused=True)
             bad = [i for i, g in enumerate(gs) if g is not None and not torch.isfinite(g).all()]
@@ -157,8 +160,11 @@ def scene_rollout(
     if adjoint == "autograd":
         q, v = q0f, v0f
         Q, V = [q], [v]
+        warm: dict = {}
         for k in range(T):
-            q, v = contact_step(scene, q, v, ctrl(k, q, v, tauf), dt)
+            info: dict = {}
+            q, v = contact_step(scene, q, v, ctrl(k, q, v, tauf), dt, info, warm=warm)
+            warm = info["lam"]
             if k % 32 == 31 or k == T - 1:
                 _check(k, q, v)
             Q.append(q)

@@ -99,12 +99,15 @@ def _advance(scene: Scene, qs: dict, vs: dict, dt: float) -> tuple[Tensor, Tenso
     return torch.cat(qo, -1), torch.cat(vo, -1)
 
 
-def contact_step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict | None = None
-                 ) -> tuple[Tensor, Tensor]:
+def contact_step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict | None = None,
+                 warm: dict | None = None) -> tuple[Tensor, Tensor]:
     """Advance ``(q (B, nq), v (B, nv))`` by ``dt`` under joint forces ``tau (B, nv)``.
 
     ``info`` (a dict), when given, receives ``candidates`` (blocks solved), ``iterations``,
-    ``residual`` (the solver's last relative impulse change) and ``penetration`` (deepest, m).
+    ``residual`` (the solver's last relative impulse change), ``penetration`` (deepest, m) and
+    ``lam``, the impulses of each candidate by a key that names it across steps; passing that dict
+    back as ``warm`` starts the next step's solver from them (a resting stack then needs a few
+    sweeps instead of hundreds).
     """
     B = q.shape[0]
     dtype = q.dtype
@@ -141,12 +144,12 @@ def contact_step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, inf
                 items.append((n, link, s, R, p))
 
     reach = 0.05 + 50.0 * dt  # m: what can come into contact within one step at up to 50 m/s
-    groups = []  # (Candidates, body a, body b or None, (model a, model b))
-    for n, link, s, R, p in items:
+    groups = []  # (Candidates, body a, body b or None, (model a, model b), key)
+    for i, (n, link, s, R, p) in enumerate(items):
         if scene.ground:
             low = (p[:, 2] - s.bounding_radius).amin()
             if float(low.detach()) < reach:
-                groups.append((geo.plane_candidates(s.kind, s.size, R, p), (n, link), None, (n, GROUND)))
+                groups.append((geo.plane_candidates(s.kind, s.size, R, p), (n, link), None, (n, GROUND), (i, -1)))
     for i in range(len(items)):
         for j in range(i + 1, len(items)):
             na, la, sa, Ra, pa = items[i]
@@ -159,7 +162,8 @@ def contact_step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, inf
             if "cylinder" in (sa.kind, sb.kind):
                 raise ModelError(f"Scene: a cylinder touches only the ground; {na}/{la} ({sa.kind}) and "
                                  f"{nb}/{lb} ({sb.kind}) came within {float(gap.amin()):.3g} m")
-            groups.append((_pair(sa.kind, sa.size, Ra, pa, sb.kind, sb.size, Rb, pb), (na, la), (nb, lb), (na, nb)))
+            groups.append((_pair(sa.kind, sa.size, Ra, pa, sb.kind, sb.size, Rb, pb), (na, la), (nb, lb), (na, nb),
+                           (i, j)))
 
     # Jacobians of the points involved
     jac_cache: dict[tuple[str, str], tuple[Tensor, Tensor]] = {}
@@ -175,8 +179,8 @@ def contact_step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, inf
         sl = scene.vslices[n]
         return torch.nn.functional.pad(Jp, (sl.start, scene.nv - sl.stop))
 
-    rows, phis, mus, es = [], [], [], []
-    for cand, a, b, (ma, mb) in groups:
+    rows, phis, mus, es, keys = [], [], [], [], []
+    for cand, a, b, (ma, mb), gkey in groups:
         Jrel = point_jac(a, cand.point)
         if b is not None:
             Jrel = Jrel - point_jac(b, cand.point)
@@ -185,6 +189,7 @@ def contact_step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, inf
         if not bool(keep.any()):
             continue
         idx = keep.nonzero()[:, 0]
+        keys.extend((*gkey, c) for c in idx.tolist())
         nrm, J, phi = cand.normal[:, idx], Jrel[:, idx], cand.phi[:, idx]
         t1, t2 = _tangents(nrm)
         basis = torch.stack([nrm, t1, t2], dim=-2)  # (B, k, 3, 3)
@@ -208,6 +213,7 @@ def contact_step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, inf
                 if not bool(keep.any()):
                     continue
                 idx = keep.nonzero()[:, 0]
+                keys.extend((n, sign, j) for j in idx.tolist())
                 k = len(idx)
                 J = torch.zeros(B, k, 3, scene.nv, dtype=dtype, device=q.device)
                 J[:, torch.arange(k), 0, col + idx] = sign
@@ -217,7 +223,7 @@ def contact_step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, inf
                 es.append(q.new_zeros(B, k))
     if not rows:
         if info is not None:
-            info.update(candidates=0, iterations=0, residual=0.0, penetration=0.0)
+            info.update(candidates=0, iterations=0, residual=0.0, penetration=0.0, lam={})
         return _advance(scene, qs, vfree, dt)
 
     Jc = torch.cat(rows, 1)  # (B, K, 3, nv)
@@ -232,10 +238,16 @@ def contact_step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, inf
     bounce = (vn_pre < -scene.bounce_speed) & (cfree[..., 0] * dt < -phi) & (e > 0)
     target = torch.where(bounce, torch.maximum(target, -e * vn_pre), target)
     c = (cfree - torch.nn.functional.pad(target[..., None], (0, 2))).reshape(B, 3 * K)
-    res = pgs(A, c, mu, iterations=scene.iterations, tol=scene.tol)
+    lam0 = None
+    if warm:
+        zero = c.new_zeros(B, 3)
+        lam0 = torch.stack([warm.get(k, zero) for k in keys], 1)
+    res = pgs(A, c, mu, iterations=scene.iterations, tol=scene.tol, lam0=lam0)
     v1 = v_free + (MinvJt @ res.lam.reshape(B, 3 * K, 1))[..., 0]
     q1, v1 = _advance(scene, qs, scene.split(v1, "v"), dt)
     if info is not None:
+        lam = res.lam.detach()
         info.update(candidates=K, iterations=res.iterations, residual=res.residual,
-                    penetration=float((-phi.detach()).clamp_min(0).amax()) + 0.0)
+                    penetration=float((-phi.detach()).clamp_min(0).amax()) + 0.0,
+                    lam={k: lam[:, i] for i, k in enumerate(keys)})
     return q1, v1
