@@ -10,11 +10,13 @@ step starts from the previous step's impulses (held constant for the gradient).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
+from ..dynamics._jacobian import JACOBIAN_MAX_BATCH, one_thread
 from ..errors import ShapeError, SimulationError
 from .contact_step import contact_step
 from .scene import Scene
@@ -72,33 +74,40 @@ class _Checkpointed(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gQ, gV):
         Qs, Vs, tau, *params = ctx.saved_tensors
-        scene, ctrl, dt, T = ctx.scene, ctx.ctrl, ctx.dt, ctx.T
+        T = ctx.T
         aq, av = gQ[:, T].clone(), gV[:, T].clone()
         gtau = torch.zeros_like(tau) if ctx.has_tau and ctx.needs_input_grad[7] else None
         gp = [torch.zeros_like(p) for p in params]
-        for k in range(T - 1, -1, -1):
-            with torch.enable_grad():
-                q = Qs[:, k].detach().requires_grad_()
-                v = Vs[:, k].detach().requires_grad_()
-                tk = tau[:, k].detach().requires_grad_() if ctx.has_tau else None
-                u = tk if tk is not None else ctrl(k, q, v, None)
-                q1, v1 = contact_step(scene, q, v, u, dt, warm=ctx.warm[k])
-                ins = [q, v] + ([tk] if tk is not None else []) + list(params)
-                gs = torch.autograd.grad((q1, v1), ins, (aq, av), allow_unused=True)
-            bad = [i for i, g in enumerate(gs) if g is not None and not torch.isfinite(g).all()]
-            if bad:
-                raise SimulationError(f"scene rollout backward: non-finite gradient at step {k}")
-            aq = gQ[:, k] + (gs[0] if gs[0] is not None else 0)
-            av = gV[:, k] + (gs[1] if gs[1] is not None else 0)
-            off = 2
-            if tk is not None:
-                if gtau is not None and gs[2] is not None:
-                    gtau[:, k] = gs[2]
-                off = 3
-            for i, g in enumerate(gs[off:]):
-                if g is not None:
-                    gp[i] = gp[i] + g
-        return (None, None, None, None, None, aq, av, gtau, *gp)
+        with one_thread() if Qs.shape[0] <= JACOBIAN_MAX_BATCH else contextlib.nullcontext():
+            return _reverse(ctx, gQ, gV, Qs, Vs, tau, params, aq, av, gtau, gp)
+
+
+def _reverse(ctx, gQ, gV, Qs, Vs, tau, params, aq, av, gtau, gp):
+    """Walk the steps backwards: recompute each under autograd, pull the adjoint through it."""
+    scene, ctrl, dt, T = ctx.scene, ctx.ctrl, ctx.dt, ctx.T
+    for k in range(T - 1, -1, -1):
+        with torch.enable_grad():
+            q = Qs[:, k].detach().requires_grad_()
+            v = Vs[:, k].detach().requires_grad_()
+            tk = tau[:, k].detach().requires_grad_() if ctx.has_tau else None
+            u = tk if tk is not None else ctrl(k, q, v, None)
+            q1, v1 = contact_step(scene, q, v, u, dt, warm=ctx.warm[k])
+            ins = [q, v] + ([tk] if tk is not None else []) + list(params)
+            gs = torch.autograd.grad((q1, v1), ins, (aq, av), allow_unused=True)
+        bad = [i for i, g in enumerate(gs) if g is not None and not torch.isfinite(g).all()]
+        if bad:
+            raise SimulationError(f"scene rollout backward: non-finite gradient at step {k}")
+        aq = gQ[:, k] + (gs[0] if gs[0] is not None else 0)
+        av = gV[:, k] + (gs[1] if gs[1] is not None else 0)
+        off = 2
+        if tk is not None:
+            if gtau is not None and gs[2] is not None:
+                gtau[:, k] = gs[2]
+            off = 3
+        for i, g in enumerate(gs[off:]):
+            if g is not None:
+                gp[i] = gp[i] + g
+    return (None, None, None, None, None, aq, av, gtau, *gp)
 
 
 def scene_rollout(

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from ..contact import geometry as geo
 from ..contact.pgs import pgs
+from ..dynamics._jacobian import JACOBIAN_MAX_BATCH, one_thread
 from ..errors import ModelError
 from ..spatial import quat_to_matrix, rpy_to_matrix, skew
 from .scene import GROUND, Scene
@@ -109,6 +110,14 @@ def contact_step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, inf
     back as ``warm`` starts the next step's solver from them (a resting stack then needs a few
     sweeps instead of hundreds).
     """
+    if q.shape[0] <= JACOBIAN_MAX_BATCH:
+        with one_thread():  # small dense solves: threads only wait for each other (see one_thread)
+            return _step(scene, q, v, tau, dt, info, warm)
+    return _step(scene, q, v, tau, dt, info, warm)
+
+
+def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict | None, warm: dict | None
+          ) -> tuple[Tensor, Tensor]:
     B = q.shape[0]
     dtype = q.dtype
     names = scene.names

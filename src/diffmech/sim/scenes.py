@@ -1,0 +1,65 @@
+"""Ready-made contact scenes (the seed's, rebuilt from diffmech's own parts).
+
+Each function returns ``(scene, q0, v0)``: a :class:`~diffmech.sim.Scene` and its initial state
+``(nq,)``, ``(nv,)`` in the scene's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..model.collision import Shape, set_collision_shapes
+from ..model.spec import JointSpec, LinkSpec, RobotSpec
+from ..robot import RobotModel
+from .scene import Scene
+
+__all__ = ["racecar"]
+
+
+def _box_inertia(m, lx, ly, lz):
+    return ((m * (ly**2 + lz**2) / 12, 0.0, 0.0), (0.0, m * (lx**2 + lz**2) / 12, 0.0),
+            (0.0, 0.0, m * (lx**2 + ly**2) / 12))
+
+
+def racecar(friction=0.002, braked: bool = True, *, speed: float = 1.0, dtype=torch.float64, device=None):
+    """A four-wheeled car on the ground moving along ``+x`` at ``speed`` m/s.
+
+    The car (built here, with the proportions of PyBullet's ``racecar``): a 4 kg chassis box
+    0.5 x 0.25 x 0.08 m and four 0.25 kg wheels (cylinders of radius 0.05 m, 0.04 m wide, axles along
+    ``y``, wheelbase 0.34 m, track 0.26 m). ``braked=True`` locks the wheel joints (fixed joints, so
+    the ground's sliding friction decelerates the car at ``mu g``); ``braked=False`` lets them turn
+    freely (continuous joints), so the car rolls.
+
+    Args:
+        friction: Coulomb coefficient of the wheels on the ground (number or one-element tensor;
+            a tensor that requires grad receives gradients through a rollout).
+
+    Returns:
+        ``(scene, q0, v0)``; the car is the scene's model ``"racecar"`` with a floating base.
+    """
+    r, w, mw = 0.05, 0.04, 0.25
+    lx, ly, lz, mc = 0.5, 0.25, 0.08, 4.0
+    iw = mw * (3 * r**2 + w**2) / 12
+    wheel_inertia = ((iw, 0.0, 0.0), (0.0, mw * r**2 / 2, 0.0), (0.0, 0.0, iw))
+    links = [LinkSpec("chassis", mass=mc, inertia=_box_inertia(mc, lx, ly, lz))]
+    joints = []
+    names = []
+    for fx, sx in (("front", 1), ("rear", -1)):
+        for fy, sy in (("left", 1), ("right", -1)):
+            n = f"{fx}_{fy}_wheel"
+            names.append(n)
+            links.append(LinkSpec(n, mass=mw, inertia=wheel_inertia))
+            joints.append(JointSpec(f"{n}_joint", "fixed" if braked else "continuous", "chassis", n,
+                                    xyz=(0.17 * sx, 0.13 * sy, -0.05), axis=(0.0, 1.0, 0.0)))
+    car = RobotModel(RobotSpec("racecar", links, joints), floating_base=True, dtype=dtype, device=device)
+    set_collision_shapes(car, "chassis", Shape("box", (lx, ly, lz)))
+    for n in names:
+        set_collision_shapes(car, n, Shape("cylinder", (r, w), rpy=(math.pi / 2, 0.0, 0.0)))
+    scene = Scene({"racecar": car}, friction=friction)
+    q0 = scene.neutral_configuration().clone()
+    q0[2] = r + 0.05  # wheels on the ground
+    v0 = torch.zeros(scene.nv, dtype=dtype, device=device)
+    v0[0] = speed
+    return scene, q0, v0

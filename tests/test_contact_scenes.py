@@ -1,0 +1,43 @@
+"""The ready-made contact scenes of ``diffmech.sim.scenes`` against analytic answers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from diffmech.sim import rollout, scenes
+
+G = 9.81
+
+
+def test_braked_racecar_slides_like_a_block_and_newton_finds_the_friction():
+    """A braked car decelerates at mu g: semi-implicit Euler gives ``x(N dt) = v0 N dt - mu g dt^2
+    N (N + 1) / 2`` exactly, and Newton on ``x(mu) - target`` with the rollout's gradient finds the
+    analytic ``mu`` in two iterations (x is linear in mu while the car slides)."""
+    T, dt, target = 120, 1e-3, 0.115
+    mu_true = 2 * (T * dt - target) / (G * dt**2 * T * (T + 1))
+    mu = torch.tensor(0.002, dtype=torch.float64)
+    for _ in range(3):
+        m = mu.clone().requires_grad_()
+        scene, q0, v0 = scenes.racecar(m)
+        assert scene.nq == 7 and float(v0[0]) == 1.0
+        qs, vs = rollout(scene, q0, v0, torch.zeros(T, scene.nv, dtype=torch.float64), dt)
+        r = qs[-1, 0] - target
+        r.backward()
+        assert abs(float(m.grad) + G * dt**2 * T * (T + 1) / 2) < 1e-9  # dx/dmu, analytic
+        mu = (m - r / m.grad).detach()
+    assert abs(float(mu) - mu_true) < 1e-9
+    qs = qs.detach()
+    assert abs(float(qs[-1, 2]) - 0.1) < 1e-6 and abs(float(qs[-1, 1])) < 1e-9  # on its wheels, straight on
+
+
+@pytest.mark.slow
+def test_free_wheels_roll_where_braked_wheels_slide():
+    T, dt = 200, 1e-3
+    braked, q0, v0 = scenes.racecar(0.5)
+    rolling, q0r, v0r = scenes.racecar(0.5, braked=False)
+    assert rolling.nv == braked.nv + 4
+    vb = rollout(braked, q0, v0, torch.zeros(T, braked.nv, dtype=torch.float64), dt)[1][-1, 0]
+    vr = rollout(rolling, q0r, v0r, torch.zeros(T, rolling.nv, dtype=torch.float64), dt)[1][-1, 0]
+    assert abs(float(vb) - (1.0 - 0.5 * G * T * dt)) < 1e-9
+    assert float(vr) > float(vb) + 0.3
