@@ -73,7 +73,6 @@ def main(argv=None) -> dict:
     budget = steps
 
     import cmaes
-
     import numpy as np
 
     opt = cmaes.CMA(mean=np.array([args.mu0]), sigma=0.05, bounds=np.array([[0.0, 1.0]]), seed=args.seed)
