@@ -65,8 +65,8 @@ def main(argv=None) -> dict:
         r = x - args.target
         (g,) = torch.autograd.grad(x, m)
         steps += 2 * T
-        grad_log.append({"iteration": it, "mu": float(m.detach()), "loss": float(r.detach()) ** 2, "wall_s": time.perf_counter() - t0,
-                         "steps": steps})
+        grad_log.append({"iteration": it, "mu": float(m.detach()), "loss": float(r.detach()) ** 2,
+                         "wall_s": time.perf_counter() - t0, "steps": steps})
         if abs(float(r.detach())) < 1e-6:
             break
         mu = (m - r / g).detach().clamp_min(0.0)
@@ -89,8 +89,8 @@ def main(argv=None) -> dict:
                 bar.update(T)
                 best = min(best, (loss, float(z[0])))
         opt.tell(sols)
-        cma_log.append({"generation": opt.generation, "mu": best[1], "loss": best[0], "wall_s": time.perf_counter() - t0,
-                        "steps": steps})
+        cma_log.append({"generation": opt.generation, "mu": best[1], "loss": best[0],
+                        "wall_s": time.perf_counter() - t0, "steps": steps})
     bar.close()
     out = {"target_m": args.target, "horizon_s": args.horizon, "dt": args.dt, "mu_analytic_discrete": mu_analytic,
            "mu_analytic_continuous": mu_continuous, "gradient": grad_log, "cmaes": cma_log,
