@@ -15,7 +15,7 @@ from ..model.spec import JointSpec, LinkSpec, RobotSpec
 from ..robot import RobotModel
 from .scene import Scene
 
-__all__ = ["racecar"]
+__all__ = ["racecar", "golf"]
 
 
 def _box_inertia(m, lx, ly, lz):
@@ -63,3 +63,33 @@ def racecar(friction=0.002, braked: bool = True, *, speed: float = 1.0, dtype=to
     v0 = torch.zeros(scene.nv, dtype=dtype, device=device)
     v0[0] = speed
     return scene, q0, v0
+
+
+def golf(*, restitution: float = 0.5, friction: float = 0.3, dtype=torch.float64, device=None):
+    """A two-joint linkage (a golf club) and a ball on the ground in front of it.
+
+    The linkage hangs from a fixed pivot 0.63 m above the ground and swings in the ``x``-``z`` plane
+    (joints about ``+y``; angle 0 hangs straight down, a positive angle lifts the club towards
+    ``-x``): a 0.3 m upper link (1 kg) and a 0.3 m club (0.5 kg) whose capsule (radius 2 cm) ends
+    3 cm above the ground. The ball (radius 2.5 cm, 0.5 kg) rests on the ground 6 cm in front of
+    the club's lowest point. Restitution 0.5 for every pair (the seed's value), friction 0.3.
+
+    Returns:
+        ``(scene, q0, v0)``: models ``"club"`` (2 joints) and ``"ball"`` (floating base); the
+        club starts raised at ``q = (1.2, 0.6)`` rad, at rest.
+    """
+    links = [LinkSpec("base"),
+             LinkSpec("upper", mass=1.0, com=(0.0, 0.0, -0.15), inertia=_box_inertia(1.0, 0.04, 0.04, 0.3)),
+             LinkSpec("club", mass=0.5, com=(0.0, 0.0, -0.15), inertia=_box_inertia(0.5, 0.04, 0.04, 0.3))]
+    joints = [JointSpec("shoulder", "continuous", "base", "upper", xyz=(0.0, 0.0, 0.63), axis=(0.0, 1.0, 0.0)),
+              JointSpec("wrist", "continuous", "upper", "club", xyz=(0.0, 0.0, -0.3), axis=(0.0, 1.0, 0.0))]
+    club = RobotModel(RobotSpec("club", links, joints), dtype=dtype, device=device)
+    set_collision_shapes(club, "club", Shape("capsule", (0.02, 0.26), xyz=(0.0, 0.0, -0.15)))
+    from ..model import systems
+
+    ball = systems.sphere(0.025, 0.5, name="ball", dtype=dtype, device=device)
+    scene = Scene({"club": club, "ball": ball}, friction=friction, restitution=restitution)
+    q0 = scene.neutral_configuration().clone()
+    q0[0], q0[1] = 1.2, 0.6
+    q0[2], q0[4] = 0.06, 0.025
+    return scene, q0, torch.zeros(scene.nv, dtype=dtype, device=device)
