@@ -63,9 +63,11 @@ class _Checkpointed(torch.autograd.Function):
                 info_all["candidates"] = max(info_all["candidates"], info["candidates"])
                 Q.append(q)
                 V.append(v)
+        Qs, Vs = torch.stack(Q, 1), torch.stack(V, 1)
         if stats is not None:
             stats.update({f"contact_{k}_max": x for k, x in info_all.items()})
-        Qs, Vs = torch.stack(Q, 1), torch.stack(V, 1)
+            stats["saved_state_bytes"] = (Qs.numel() + Vs.numel()) * Qs.element_size() + sum(
+                t.numel() * t.element_size() for w in warm for t in w.values())
         ctx.scene, ctx.ctrl, ctx.dt, ctx.T, ctx.warm = scene, ctrl, dt, T, warm
         ctx.has_tau = tau is not None
         ctx.save_for_backward(Qs, Vs, tau if tau is not None else torch.empty(0), *params)
@@ -127,7 +129,8 @@ def scene_rollout(
     ``v0 (..., nv)``, ``tau (..., T, nv)`` or a policy ``f(t, q, v)``; returns ``(..., T+1, nq)``
     and ``(..., T+1, nv)``). ``stats`` receives ``contact_iterations_max``,
     ``contact_residual_max`` (the solver's last relative impulse change, largest over the steps),
-    ``contact_penetration_max`` (m) and ``contact_candidates_max``."""
+    ``contact_penetration_max`` (m), ``contact_candidates_max`` and, with the checkpointed adjoint,
+    ``saved_state_bytes`` (states and warm-start impulses kept for the backward pass)."""
     if adjoint not in ("checkpoint", "autograd"):
         from ..errors import OptionError
 
