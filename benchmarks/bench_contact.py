@@ -99,7 +99,8 @@ def main(argv=None) -> dict:
                  "Braked car of `scenes.racecar` sliding on the ground (8 contact candidates, PGS warm-started), "
                  "dt 1e-3, batch 1, float64; loss `x(T) + v(T)`, gradient w.r.t. friction and all "
                  "torques. "
-                 "Saved = bytes autograd keeps for the backward pass (checkpoint: the stored states and the solver's warm-start impulses). "
+                 "Saved = bytes autograd keeps for the backward pass (checkpoint: the stored states and "
+                 "the solver's warm-start impulses). "
                  "Medians of the interleaved repeats.", "",
                  "| steps | checkpoint fwd ms/step | checkpoint bwd ms/step | bwd/fwd | checkpoint saved (MB) "
                  "| autograd fwd ms/step | autograd bwd ms/step | autograd saved (MB) | saved ratio | d/dmu diff |",
