@@ -112,6 +112,22 @@ def _reverse(ctx, gQ, gV, Qs, Vs, tau, params, aq, av, gtau, gp):
     return (None, None, None, None, None, aq, av, gtau, *gp)
 
 
+def _probe(policy, q0: Tensor, v0: Tensor, batch, scene: Scene, ps: list[Tensor]) -> None:
+    """Refuse a policy whose output depends on tensors the checkpointed backward cannot see."""
+    with torch.enable_grad():
+        u = policy(0.0, q0.detach().reshape(*batch, scene.nq), v0.detach().reshape(*batch, scene.nv))
+    if not isinstance(u, Tensor) or u.shape[-1] != scene.nv:
+        raise ShapeError(f"rollout: the policy must return (..., {scene.nv}) joint forces, got "
+                         f"{getattr(u, 'shape', type(u))}")
+    if u.requires_grad and ps:
+        used = torch.autograd.grad(u.sum(), ps, allow_unused=True)
+        if all(g is None for g in used):
+            ps = []
+    if u.requires_grad and not ps:
+        raise SimulationError("rollout: the policy's output depends on tensors that require grad but are neither "
+                              "an nn.Module policy's parameters nor listed in params=: pass them in params=")
+
+
 def scene_rollout(
     scene: Scene,
     q0: Tensor,
@@ -187,6 +203,8 @@ def scene_rollout(
         Qs, Vs = torch.stack(Q, 1), torch.stack(V, 1)
     else:
         ps = _trainable(scene, policy, params or [])
+        if policy is not None:
+            _probe(policy, q0f, v0f, batch, scene, ps)
         Qs, Vs = _Checkpointed.apply(scene, ctrl, dt, T, stats, q0f, v0f, tauf, *ps)
         if progress:
             bar.update(T)
