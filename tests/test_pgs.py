@@ -1,0 +1,66 @@
+"""The contact solver alone: its solution against complementarity, its implicit gradient against
+central differences of converged solves, independence of the gradient from the warm start."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from diffmech.contact.pgs import pgs
+
+F64 = torch.float64
+
+
+def _problem(seed: int, K: int = 3, B: int = 2):
+    g = torch.Generator().manual_seed(seed)
+    J = torch.randn(B, 3 * K, 3 * K + 2, generator=g, dtype=F64)
+    A = J @ J.transpose(-1, -2) / (3 * K) + 0.05 * torch.eye(3 * K, dtype=F64)
+    c = torch.randn(B, 3 * K, generator=g, dtype=F64)
+    c[:, 0::3] -= 0.5  # most normals approaching: a mix of contact modes
+    mu = 0.2 + 0.8 * torch.rand(B, K, generator=g, dtype=F64)
+    return A, c, mu
+
+
+def _solve(A, c, mu, lam0=None):
+    return pgs(A, c, mu, iterations=5000, tol=1e-15, check_every=1, lam0=lam0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_solution_is_complementary(seed):
+    A, c, mu = _problem(seed)
+    res = _solve(A, c, mu)
+    lam = res.lam
+    w = ((A @ lam.reshape(2, -1, 1))[..., 0] + c).reshape(lam.shape)
+    assert res.residual <= 1e-15
+    assert (lam[..., 0] >= 0).all() and (w[..., 0] >= -1e-9).all()
+    assert (lam[..., 0] * w[..., 0]).abs().max() < 1e-9
+    assert (lam[..., 1:].norm(dim=-1) <= mu * lam[..., 0] + 1e-12).all()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_implicit_gradient_matches_finite_differences_and_ignores_the_warm_start(seed):
+    A, c, mu = _problem(seed)
+    weights = torch.randn(2, 3, 3, generator=torch.Generator().manual_seed(100 + seed), dtype=F64)
+
+    def loss(A, c, mu, lam0=None):
+        return (_solve(A, c, mu, lam0).lam * weights).sum()
+
+    grads = []
+    for lam0 in (None, _solve(A, c, mu).lam * 1.3):
+        A_, c_, mu_ = (t.clone().requires_grad_(True) for t in (A, c, mu))
+        loss((A_ + A_.transpose(-1, -2)) / 2, c_, mu_, lam0).backward()
+        grads.append((A_.grad, c_.grad, mu_.grad))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9)
+    # central differences of converged solves, along random directions
+    eps = 1e-6
+    for k, t in enumerate((A, c, mu)):
+        d = torch.randn(t.shape, generator=torch.Generator().manual_seed(7 + k), dtype=F64)
+        if k == 0:
+            d = (d + d.transpose(-1, -2)) / 2
+        args = [A, c, mu]
+        plus, minus = list(args), list(args)
+        plus[k], minus[k] = t + eps * d, t - eps * d
+        fd = (loss(*plus) - loss(*minus)) / (2 * eps)
+        analytic = (grads[0][k] * d).sum()
+        assert float(analytic) == pytest.approx(float(fd), rel=1e-5, abs=1e-8)
