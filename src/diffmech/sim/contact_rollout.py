@@ -2,9 +2,9 @@
 
 ``adjoint="checkpoint"`` stores the states ``(q_k, v_k)`` only; the backward pass walks the steps in
 reverse, recomputes step ``k`` under autograd from the stored state and back-propagates the
-adjoint through it (the contact impulses differentiated implicitly at the solver's solution), so memory is ``steps x state`` (plus
-each step's warm-start impulses, ``steps x contacts x 3``) and one step's graph. The solver of each
-step starts from the previous step's impulses (held constant for the gradient).
+adjoint through it (the contact impulses differentiated implicitly at the solver's solution), so
+memory is ``steps x state`` (plus each step's warm-start impulses, ``steps x contacts x 3``) and
+one step's graph. The solver of each step starts from the previous step's impulses.
 ``adjoint="autograd"`` keeps the graph of the whole loop.
 """
 
