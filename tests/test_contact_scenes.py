@@ -104,3 +104,31 @@ def test_laikago_stands_five_seconds_without_sinking_or_drifting():
     assert float(drift.max()) < 1e-3  # m over the last 4 s
     assert float(vs[-1].abs().max()) < 1e-3
     assert float(qs[-1, 2]) > 0.51
+
+
+def test_sim_run_cli_writes_trajectory_results_and_gif(tmp_path):
+    import json
+
+    from diffmech.cli import main
+    from diffmech.sim.render import shape_lines
+
+    out = tmp_path / "car"
+    assert main(["sim", "run", "racecar", "--seconds", "0.05", "--friction", "0.5", "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["steps"] == 50 and res["frames"] >= 2
+    rows = (out / "trajectory.csv").read_text().splitlines()
+    assert len(rows) == 52 and rows[0].startswith("t,q0,")
+    x_end, vx_end = float(rows[-1].split(",")[1]), float(rows[-1].split(",")[8])
+    assert vx_end == pytest.approx(1.0 - 0.5 * G * 0.05, abs=1e-9)  # the braked car decelerates at mu g
+    assert x_end > 0.04
+    assert (out / "animation.gif").read_bytes()[:6] == b"GIF89a"
+    # a box's drawing: 12 edges whose ends are its corners at the pose given
+    from diffmech.model.collision import Shape
+
+    R = torch.eye(3, dtype=torch.float64)
+    lines = shape_lines(Shape("box", (0.2, 0.4, 0.6)), R, torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64))
+    assert len(lines) == 12
+    corners = torch.cat(lines)
+    torch.testing.assert_close(corners.amin(0), torch.tensor([0.9, 1.8, 2.7], dtype=torch.float64))
+    torch.testing.assert_close(corners.amax(0), torch.tensor([1.1, 2.2, 3.3], dtype=torch.float64))
+    assert main(["sim", "run", "golf", "--dt", "-1", "--out", str(tmp_path / "g")]) == 2
