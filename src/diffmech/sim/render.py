@@ -46,7 +46,7 @@ def shape_lines(shape, R: Tensor, p: Tensor) -> list[Tensor]:
                                dtype=torch.float64) * h
         for i in range(8):
             for j in range(i + 1, 8):
-                if int(((corners[i] != corners[j]).sum())) == 1:
+                if int((corners[i] != corners[j]).sum()) == 1:
                     out.append(corners[[i, j]])
     elif shape.kind == "cylinder":
         r, half = s[0], 0.5 * s[1]
