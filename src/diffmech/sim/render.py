@@ -113,7 +113,7 @@ def animate_scene(scene: Scene, qs: Tensor, path: str, *, dt: float, fps: int = 
         if scene.ground:
             g = [float(centre[0]) - span, float(centre[0]) + span, float(centre[1]) - span, float(centre[1]) + span]
             ax.plot([g[0], g[1], g[1], g[0], g[0]], [g[2], g[2], g[3], g[3], g[2]], [0] * 5, color="0.6", lw=0.8)
-        for j, (name, lines) in enumerate(frames[i]):
+        for j, (_name, lines) in enumerate(frames[i]):
             for line in lines:
                 ax.plot(line[:, 0], line[:, 1], line[:, 2], color=colours[j % len(colours)], lw=0.9)
         ax.set_title(f"{title + '  ' if title else ''}t = {idx[i] * dt:.2f} s")
