@@ -12,7 +12,8 @@ from ..model.tree import KinematicTree
 from ._common import TreeState, as_state, bind, generalized_force, joint_q, masks, tree_state
 from .free_flyer import free_flyer_integrate
 
-__all__ = ["forward_kinematics", "link_pose", "jacobian", "center_of_mass", "integrate", "link_placements"]
+__all__ = ["forward_kinematics", "link_pose", "jacobian", "poses_and_world_jacobians", "center_of_mass", "integrate",
+           "link_placements"]
 
 FRAMES = ("world_aligned", "local", "world")
 
@@ -120,6 +121,37 @@ def jacobian(
             Rt = R.transpose(-1, -2)[:, None]
             J = torch.cat([(Rt @ J[..., :3, None])[..., 0], (Rt @ J[..., 3:, None])[..., 0]], dim=-1)
     return generalized_force(tree, J.transpose(-1, -2)).reshape(*batch, 6, robot.nv)
+
+
+def poses_and_world_jacobians(robot: RobotParameters, q: Tensor, links) -> tuple[Tensor, Tensor]:
+    """World poses of all links and ``frame="world"`` Jacobians of some, from one kinematics pass.
+
+    What a contact step needs for several touching links at once (one :func:`jacobian` call per
+    link would repeat the kinematics each time). The velocity of a point ``x`` (world coordinates)
+    fixed to link ``i`` is ``J[..., i, :3, :] qd + (J[..., i, 3:, :] qd) x x``.
+
+    Args:
+        q: (..., nq) configuration.
+        links: sequence of link names or indices.
+
+    Returns:
+        ``(T (..., n_links, 4, 4), J (..., len(links), 6, nv))``: ``T_world_link`` in
+        ``robot.link_names`` order and, per link asked, the spatial velocity Jacobian at the world
+        origin in world axes (rows linear; angular).
+    """
+    idx = [robot.tree.link(link) for link in links]
+    flat, batch = as_state(robot, [("q", q, robot.nq)])
+    tree, mt = bind(robot, flat[0])
+    qf = joint_q(tree, flat[0])
+    ts = tree_state(tree, mt, qf)
+    R, p = link_placements(tree, ts)
+    T = spatial.homogeneous(R, p).reshape(*batch, robot.n_links, 4, 4)
+    mask_bd, _ = masks(tree, qf)
+    S = ts.S.permute(2, 1, 0)  # (B, 6, nv of the tree)
+    rows = torch.stack([mask_bd[tree.link_body[i]] if tree.link_body[i] >= 0 else torch.zeros_like(mask_bd[0])
+                        for i in idx]) if idx else mask_bd.new_zeros(0, S.shape[-1])
+    J = S[:, None] * rows[None, :, None, :]  # (B, L, 6, nv of the tree)
+    return T, generalized_force(tree, J).reshape(*batch, len(idx), 6, robot.nv)
 
 
 def center_of_mass(robot: RobotParameters, q: Tensor) -> Tensor:

@@ -29,6 +29,7 @@ from torch import Tensor
 from ..contact import geometry as geo
 from ..contact.pgs import pgs
 from ..dynamics._jacobian import JACOBIAN_MAX_BATCH, one_thread
+from ..dynamics.kinematics import poses_and_world_jacobians
 from ..errors import ModelError
 from ..spatial import quat_to_matrix, rpy_to_matrix, skew
 from .scene import GROUND, Scene
@@ -122,7 +123,7 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
     dtype = q.dtype
     names = scene.names
     qs, vs, ts = scene.split(q, "q"), scene.split(v, "v"), scene.split(tau, "v")
-    chol, vfree, poses = {}, {}, {}
+    chol, vfree, poses, jac_world = {}, {}, {}, {}
     for n in names:
         m = scene.models[n]
         M = m.mass_matrix(qs[n])
@@ -146,8 +147,11 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
             w, vl = vs[n][..., 3:6], vs[n][..., :3]
             acc = torch.cat([acc[..., :3] + torch.linalg.cross(w, vl), acc[..., 3:]], -1)
         vfree[n] = vs[n] + dt * acc
-        if scene.shapes[n]:
-            poses[n] = m.forward_kinematics(qs[n])
+        if scene.shapes[n]:  # poses of all links and world Jacobians of the shaped ones, one pass
+            shaped = list(scene.shapes[n])
+            poses[n], Jw = poses_and_world_jacobians(m, qs[n], shaped)
+            for k, link in enumerate(shaped):
+                jac_world[(n, link)] = Jw[:, k]
     v_free = torch.cat([vfree[n] for n in names], -1)
 
     # shapes in the world
@@ -186,17 +190,10 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
             groups.append((_pair(sa.kind, sa.size, Ra, pa, sb.kind, sb.size, Rb, pb), (na, la), (nb, lb),
                            (na, nb, la, lb), (i, j)))
 
-    # Jacobians of the points involved
-    jac_cache: dict[tuple[str, str], tuple[Tensor, Tensor]] = {}
-
-    def point_jac(body, pts):  # pts (B, k, 3) -> (B, k, 3, nv) of the scene
-        n, link = body
-        if body not in jac_cache:
-            m = scene.models[n]
-            li = m.link_names.index(link)
-            jac_cache[body] = (m.jacobian(qs[n], link), poses[n][:, li, :3, 3])
-        J6, o = jac_cache[body]
-        Jp = J6[:, None, :3] - skew(pts - o[:, None]) @ J6[:, None, 3:]
+    def point_jac(body, pts):  # pts (B, k, 3) world -> (B, k, 3, nv) of the scene
+        n, _ = body
+        Jw = jac_world[body]  # spatial velocity at the world origin: v(x) = v_o + w x x
+        Jp = Jw[:, None, :3] - skew(pts) @ Jw[:, None, 3:]
         sl = scene.vslices[n]
         return torch.nn.functional.pad(Jp, (sl.start, scene.nv - sl.stop))
 
