@@ -96,3 +96,18 @@ def test_lone_free_body_dynamics_at_every_batch_size(batch):
     v, tau = torch.randn(batch, 6, dtype=torch.float64), torch.randn(batch, 6, dtype=torch.float64)
     a = box.forward_dynamics(q, v, tau)
     torch.testing.assert_close(box.inverse_dynamics(q, v, a), tau, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("which", ["chain", "free body"])
+def test_poses_and_world_jacobians_equal_the_one_link_calls(which):
+    from diffmech.dynamics.kinematics import jacobian, poses_and_world_jacobians
+    from diffmech.model import systems
+
+    robot = systems.n_link_pendulum(3) if which == "chain" else systems.box((0.1, 0.2, 0.3), 1.0)
+    robot = robot.to(torch.float64)
+    q = robot.random_configuration(5)
+    links = list(robot.link_names)[::-1]
+    T, J = poses_and_world_jacobians(robot, q, links)
+    torch.testing.assert_close(T, robot.forward_kinematics(q), rtol=0, atol=0)
+    for i, link in enumerate(links):
+        torch.testing.assert_close(J[:, i], jacobian(robot, q, link, frame="world"), rtol=0, atol=1e-15)
