@@ -155,9 +155,9 @@ def figure(obj, q_trajectory=None, *, geometry: str = "auto", dt: float | None =
             lightposition=dict(x=1e3, y=1e3, z=3e3), showlegend=False,
         ))
     if draw_ground:
-        # A square under everything, one metre beyond the bodies' footprint over the whole trajectory.
+        # A square under everything, twice the bodies' footprint over the whole trajectory.
         c = 0.5 * (lo[:2] + hi[:2])
-        h = max(1.0, 0.5 * float((hi[:2] - lo[:2]).max()) + 1.0)
+        h = max(0.5, float((hi[:2] - lo[:2]).max()))
         traces.append(go.Mesh3d(x=[c[0] - h, c[0] + h, c[0] + h, c[0] - h], y=[c[1] - h, c[1] - h, c[1] + h, c[1] + h],
                                 z=[0.0] * 4, i=[0, 0], j=[1, 2], k=[2, 3], color=_GROUND_COLOR, name="ground",
                                 hoverinfo="skip", flatshading=True, showlegend=False))
