@@ -149,7 +149,8 @@ def figure(obj, q_trajectory=None, *, geometry: str = "auto", dt: float | None =
         traces.append(go.Mesh3d(
             x=w[0, :, 0].astype(np.float32), y=w[0, :, 1].astype(np.float32), z=w[0, :, 2].astype(np.float32),
             i=m.faces[:, 0].astype(np.int32), j=m.faces[:, 1].astype(np.int32), k=m.faces[:, 2].astype(np.int32),
-            color=_rgb(m.color), opacity=m.color[3] if m.color[3] < 1 else None, flatshading=False,
+            # Smooth shading rounds a box's 8 shared corners: boxes flat, curved meshes smooth.
+            color=_rgb(m.color), opacity=m.color[3] if m.color[3] < 1 else None, flatshading=m.source == "box",
             name=label, hovertemplate=f"{label}<extra>{m.kind}: {os.path.basename(m.source)}</extra>",
             lighting=dict(ambient=0.45, diffuse=0.8, specular=0.25, roughness=0.5, fresnel=0.1),
             lightposition=dict(x=1e3, y=1e3, z=3e3), showlegend=False,
