@@ -177,6 +177,18 @@ def test_scene_with_a_sphere_and_a_box(tmp_path):
     assert "ground" in [d.name for d in viz.figure(scene.model("ball"), q[:7], ground=True).data]
 
 
+def test_model_without_geometry_drawn_as_its_skeleton():
+    robot = systems.acrobot()
+    q = torch.tensor([[0.0, 0.0], [0.4, -1.1], [2.0, 0.5]], dtype=torch.float64)
+    fig = viz.figure(robot, q)
+    assert [d.name for d in fig.data] == ["acrobot/skeleton"] and fig.data[0].type == "scatter3d"
+    fk = robot.forward_kinematics(q)[:, :, :3, 3].numpy()
+    for t in range(3):
+        pts = _frame_xyz(fig, t, 0)
+        pts = pts[np.isfinite(pts).all(1)]
+        assert _same_points(pts, fk[t], 1e-6)  # every link origin, nothing else
+
+
 def test_package_uri_resolved_through_ros_package_path(bot, tmp_path, monkeypatch):
     # A URDF given as text keeps package:// URIs; the view finds them under ROS_PACKAGE_PATH.
     robot = load_urdf(open(bot).read())

@@ -257,6 +257,8 @@ def _visual_meshes(robot, link: str, index: int, texts: list[str], materials: di
         except (TypeError, ValueError, AttributeError):
             warn(f"{robot.name}: link {link!r}: unreadable <visual> <{g.tag}>; drawing its collision shapes")
             return None
+        if not all(math.isfinite(x) and x > 0 for x in size):
+            continue  # a zero-size visual (laikago's toes) draws nothing
         v, f = _primitive(kind, size)
         out.append(LinkMesh(link, index, _transform(T, v), f, tuple(urdf_color or default), "visual", kind))
     return out

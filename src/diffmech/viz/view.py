@@ -103,8 +103,9 @@ def figure(obj, q_trajectory=None, *, geometry: str = "auto", dt: float | None =
 
     Returns:
         A ``plotly.graph_objects.Figure`` with one ``Mesh3d`` trace per link mesh (named
-        ``"model/link"``), one frame per step named ``"0" .. "T-1"`` (only moving meshes are
-        in the frames), a play/pause button and a time slider.
+        ``"model/link"``; a model with nothing to draw gets a ``Scatter3d`` skeleton joining its
+        link origins, ``"model/skeleton"``), one frame per step named ``"0" .. "T-1"`` (only moving
+        traces are in the frames), a play/pause button and a time slider.
 
     Raises:
         ShapeError: a ``q_trajectory`` of the wrong shape or not finite.
@@ -138,10 +139,21 @@ def figure(obj, q_trajectory=None, *, geometry: str = "auto", dt: float | None =
     for name, m in meshes:
         P = poses[name][:, m.index]  # (T, 4, 4)
         world.append(np.einsum("tij,nj->tni", P[:, :3, :3], m.vertices) + P[:, None, :3, 3])
-    moving = [i for i, w in enumerate(world) if steps > 1 and np.ptp(w, axis=0).max() > 0.0]
+    # A model with nothing to draw (the bundled pendulums, a body without shapes) is drawn as its
+    # skeleton: a segment from each link's origin to its parent's, NaN between segments.
+    skeletons = []
+    for name, model in models:
+        if any(n == name for n, _ in meshes):
+            continue
+        parent = model.tree.link_parent
+        idx = [j for i in range(len(parent)) if parent[i] >= 0 for j in (parent[i], i, -1)] or [0]
+        origins = np.concatenate([poses[name][:, :, :3, 3], np.full((steps, 1, 3), np.nan)], 1)
+        skeletons.append((name, origins[:, idx]))
+    world += [w for _, w in skeletons]
+    moving = [i for i, w in enumerate(world) if steps > 1 and np.nanmax(np.ptp(w, axis=0)) > 0.0]
 
-    lo = np.min([w.reshape(-1, 3).min(0) for w in world], axis=0) if world else np.full(3, -0.5)
-    hi = np.max([w.reshape(-1, 3).max(0) for w in world], axis=0) if world else np.full(3, 0.5)
+    lo = np.min([np.nanmin(w.reshape(-1, 3), 0) for w in world], axis=0) if world else np.full(3, -0.5)
+    hi = np.max([np.nanmax(w.reshape(-1, 3), 0) for w in world], axis=0) if world else np.full(3, 0.5)
     draw_ground = scene_ground if ground is None else bool(ground)
     traces = []
     for (name, m), w in zip(meshes, world):
@@ -155,6 +167,13 @@ def figure(obj, q_trajectory=None, *, geometry: str = "auto", dt: float | None =
             lighting=dict(ambient=0.45, diffuse=0.8, specular=0.25, roughness=0.5, fresnel=0.1),
             lightposition=dict(x=1e3, y=1e3, z=3e3), showlegend=False,
         ))
+    for k, (name, w) in enumerate(skeletons):
+        traces.append(go.Scatter3d(
+            x=w[0, :, 0].astype(np.float32), y=w[0, :, 1].astype(np.float32), z=w[0, :, 2].astype(np.float32),
+            mode="lines+markers", name=f"{name}/skeleton", showlegend=False, hovertemplate=f"{name}<extra></extra>",
+            line=dict(color=_rgb(_PALETTE[(k + 1) % len(_PALETTE)]), width=8),
+            marker=dict(size=4, color="rgb(40, 40, 40)"),
+        ))
     if draw_ground:
         # A square under everything, twice the bodies' footprint over the whole trajectory.
         c = 0.5 * (lo[:2] + hi[:2])
@@ -166,7 +185,10 @@ def figure(obj, q_trajectory=None, *, geometry: str = "auto", dt: float | None =
         hi = np.maximum(hi, [c[0] + h, c[1] + h, 0.0])
 
     # Fixed axis ranges over the whole trajectory, equal scale on all three axes: the view stays put.
-    span = np.maximum(hi - lo, 1e-3)
+    # A flat extent (a planar pendulum) still gets a box a fifth as deep as it is wide.
+    mid, span = 0.5 * (lo + hi), np.maximum(hi - lo, 1e-3)
+    span = np.maximum(span, 0.2 * span.max())
+    lo, hi = mid - 0.5 * span, mid + 0.5 * span
     pad = 0.05 * span.max()
     lo, hi = lo - pad, hi + pad
     span = hi - lo
@@ -176,8 +198,9 @@ def figure(obj, q_trajectory=None, *, geometry: str = "auto", dt: float | None =
     frame_ms = 1000.0 / fps if fps is not None else (1000.0 * dt if dt is not None else 50.0)
     frames = [go.Frame(
         name=str(t), traces=moving,
-        data=[go.Mesh3d(x=world[i][t, :, 0].astype(np.float32), y=world[i][t, :, 1].astype(np.float32),
-                        z=world[i][t, :, 2].astype(np.float32)) for i in moving],
+        data=[(go.Mesh3d if i < len(meshes) else go.Scatter3d)(
+            x=world[i][t, :, 0].astype(np.float32), y=world[i][t, :, 1].astype(np.float32),
+            z=world[i][t, :, 2].astype(np.float32)) for i in moving],
     ) for t in range(steps)]
     play = dict(frame=dict(duration=frame_ms, redraw=True), transition=dict(duration=0), fromcurrent=True,
                 mode="immediate")
