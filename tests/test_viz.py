@@ -1,5 +1,6 @@
 """diffmech.viz: the 3-D view of robots and scenes (plotly figure, self-contained HTML, CLI)."""
 
+import base64
 import importlib.util
 import json
 import math
@@ -90,8 +91,14 @@ def _frame_xyz(fig, t, k):
     """World vertices of trace ``k`` at frame ``t`` (the base trace where the frame leaves it out)."""
     frame = fig.frames[t]
     d = frame.data[list(frame.traces).index(k)] if k in frame.traces else fig.data[k]
-    return np.stack([np.asarray(d.x, dtype=np.float64), np.asarray(d.y, dtype=np.float64),
-                     np.asarray(d.z, dtype=np.float64)], -1)
+
+    def values(a):  # frames hold base64 float32 typed arrays, the base traces numpy arrays
+        if isinstance(a, dict):
+            assert a["dtype"] == "f4"
+            return np.frombuffer(base64.b64decode(a["bdata"]), dtype="<f4").astype(np.float64)
+        return np.asarray(a, dtype=np.float64)
+
+    return np.stack([values(d.x), values(d.y), values(d.z)], -1)
 
 
 def _same_points(a, b, tol):
@@ -265,10 +272,14 @@ _SHOT = textwrap.dedent("""
         browser = p.chromium.launch(executable_path=exe, args=["--use-angle=swiftshader",
                                     "--enable-unsafe-swiftshader", "--ignore-gpu-blocklist"])
         page = browser.new_page(viewport={"width": 800, "height": 600})
-        for html, png in zip(sys.argv[2::2], sys.argv[3::2]):
+        for html, png, frame in zip(sys.argv[2::3], sys.argv[3::3], sys.argv[4::3]):
             page.goto("file://" + html)
             page.wait_for_function("document.querySelector('.plotly-graph-div')"
                                    " && document.querySelector('.plotly-graph-div')._fullLayout", timeout=30000)
+            if frame != "-":  # what the slider does: animate to that frame
+                page.evaluate("f => Plotly.animate(document.querySelector('.plotly-graph-div'), [f],"
+                              " {frame: {duration: 0, redraw: true}, transition: {duration: 0}, mode: 'immediate'})",
+                              frame)
             page.wait_for_timeout(1000)
             page.screenshot(path=png)
         browser.close()
@@ -294,21 +305,23 @@ def test_browser_screenshot_shows_the_robot(bot, tmp_path):
     Image = pytest.importorskip("PIL.Image")
     python, exe = found
     robot = load_urdf(bot)
-    q = torch.tensor([0.5, -0.3], dtype=torch.float64)
-    fig = viz.figure(robot, q)
+    q = torch.tensor([[0.5, -0.3], [2.5, 1.0]], dtype=torch.float64)
     full, empty = tmp_path / "robot.html", tmp_path / "empty.html"
-    fig.write_html(full, include_plotlyjs=True)
+    viz.show(robot, q, full)
+    fig = viz.figure(robot, q)
     fig.update_traces(visible=False)  # the same axes and camera, no robot
     fig.write_html(empty, include_plotlyjs=True)
     script = tmp_path / "shot.py"
     script.write_text(_SHOT)
-    pngs = [tmp_path / "robot.png", tmp_path / "empty.png"]
-    run = subprocess.run([python, str(script), exe, str(full), str(pngs[0]), str(empty), str(pngs[1])],
-                         capture_output=True, text=True, timeout=120)
+    pngs = [tmp_path / "robot.png", tmp_path / "empty.png", tmp_path / "robot1.png"]
+    args = [str(full), str(pngs[0]), "-", str(empty), str(pngs[1]), "-", str(full), str(pngs[2]), "1"]
+    run = subprocess.run([python, str(script), exe, *args], capture_output=True, text=True, timeout=120)
     if run.returncode != 0:
         pytest.skip(f"no headless Chromium for playwright: {run.stderr.strip().splitlines()[-1:]}")
-    a, b = (np.asarray(Image.open(p).convert("RGB"), dtype=np.int16) for p in pngs)
-    changed = np.abs(a - b).max(-1) > 30
-    assert changed.mean() > 0.005, "the robot is not visible"
-    orange = (a[..., 0] > 150) & (a[..., 1] > 50) & (a[..., 1] < 170) & (a[..., 2] < 90)  # link1's material
-    assert orange.sum() > 50
+    a, b, c = (np.asarray(Image.open(p).convert("RGB"), dtype=np.int16) for p in pngs)
+    assert (np.abs(a - b).max(-1) > 30).mean() > 0.005, "the robot is not visible"
+    orange = lambda im: (im[..., 0] > 150) & (im[..., 1] > 50) & (im[..., 1] < 170) & (im[..., 2] < 90)  # noqa: E731
+    assert orange(a).sum() > 50  # link1's URDF material
+    # Step 1 of the slider moves the robot: the picture changes, the orange link too.
+    assert (np.abs(c - a).max(-1) > 30).mean() > 0.002
+    assert (orange(a) != orange(c)).sum() > 50

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import math
 import os
 from pathlib import Path
@@ -78,6 +79,13 @@ def _poses(model, q: torch.Tensor) -> np.ndarray:
     return T.detach().to("cpu", torch.float64).numpy()
 
 
+def _typed(a: np.ndarray) -> dict:
+    """A plotly typed-array spec (little-endian float32, base64): what plotly writes for a numpy
+    array anyway, given ready-made so that building hundreds of frames skips plotly's per-array
+    checks (most of the time otherwise)."""
+    return {"dtype": "f4", "bdata": base64.b64encode(np.ascontiguousarray(a, dtype="<f4").tobytes()).decode()}
+
+
 def _rgb(c) -> str:
     return "rgb({:d}, {:d}, {:d})".format(*(int(round(255 * float(x))) for x in c[:3]))
 
@@ -105,7 +113,8 @@ def figure(obj, q_trajectory=None, *, geometry: str = "auto", dt: float | None =
         A ``plotly.graph_objects.Figure`` with one ``Mesh3d`` trace per link mesh (named
         ``"model/link"``; a model with nothing to draw gets a ``Scatter3d`` skeleton joining its
         link origins, ``"model/skeleton"``), one frame per step named ``"0" .. "T-1"`` (only moving
-        traces are in the frames), a play/pause button and a time slider.
+        traces are in the frames, their ``x``/``y``/``z`` as float32 typed-array specs
+        ``{"dtype": "f4", "bdata": base64}``), a play/pause button and a time slider.
 
     Raises:
         ShapeError: a ``q_trajectory`` of the wrong shape or not finite.
@@ -161,8 +170,9 @@ def figure(obj, q_trajectory=None, *, geometry: str = "auto", dt: float | None =
         traces.append(go.Mesh3d(
             x=w[0, :, 0].astype(np.float32), y=w[0, :, 1].astype(np.float32), z=w[0, :, 2].astype(np.float32),
             i=m.faces[:, 0].astype(np.int32), j=m.faces[:, 1].astype(np.int32), k=m.faces[:, 2].astype(np.int32),
-            # Smooth shading rounds a box's 8 shared corners: boxes flat, curved meshes smooth.
-            color=_rgb(m.color), opacity=m.color[3] if m.color[3] < 1 else None, flatshading=m.source == "box",
+            # Smooth shading rounds the edges of boxes and cylinders (shared vertices): those flat.
+            color=_rgb(m.color), opacity=m.color[3] if m.color[3] < 1 else None,
+            flatshading=m.source in ("box", "cylinder"),
             name=label, hovertemplate=f"{label}<extra>{m.kind}: {os.path.basename(m.source)}</extra>",
             lighting=dict(ambient=0.45, diffuse=0.8, specular=0.25, roughness=0.5, fresnel=0.1),
             lightposition=dict(x=1e3, y=1e3, z=3e3), showlegend=False,
@@ -199,8 +209,7 @@ def figure(obj, q_trajectory=None, *, geometry: str = "auto", dt: float | None =
     frames = [go.Frame(
         name=str(t), traces=moving,
         data=[(go.Mesh3d if i < len(meshes) else go.Scatter3d)(
-            x=world[i][t, :, 0].astype(np.float32), y=world[i][t, :, 1].astype(np.float32),
-            z=world[i][t, :, 2].astype(np.float32)) for i in moving],
+            x=_typed(world[i][t, :, 0]), y=_typed(world[i][t, :, 1]), z=_typed(world[i][t, :, 2])) for i in moving],
     ) for t in range(steps)]
     play = dict(frame=dict(duration=frame_ms, redraw=True), transition=dict(duration=0), fromcurrent=True,
                 mode="immediate")
