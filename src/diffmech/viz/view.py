@@ -53,10 +53,8 @@ def trajectory(obj, q_trajectory=None) -> torch.Tensor:
         q = q[None]
     if q.ndim != 2 or q.shape[-1] != nq or q.shape[0] < 1:
         raise ShapeError(f"{name}: q_trajectory must have shape (T, {nq}) or ({nq},) (nq = {nq}), got shape {shape}")
-    if not q.is_floating_point() and not q.dtype == torch.bool:
-        q = q.to(torch.float64)
-    if not q.is_floating_point():
-        raise ShapeError(f"{name}: q_trajectory must be a real tensor, got dtype {q.dtype}")
+    if q.is_complex() or q.dtype == torch.bool:
+        raise ShapeError(f"{name}: q_trajectory must be real numbers, got dtype {q.dtype}")
     q = q.to("cpu", torch.float64)
     bad = ~torch.isfinite(q)
     if bad.any():
