@@ -1,4 +1,4 @@
-"""Command line: ``diffmech demo|info|view|symo|eigenmode ...`` (also ``python -m diffmech ...``)."""
+"""Command line: ``diffmech demo|info|view|symo|eigenmode|sim ...`` (also ``python -m diffmech ...``)."""
 
 from __future__ import annotations
 
@@ -57,9 +57,11 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     from .control.cli import add_eigenmode_parser
     from .learn.cli import add_parser as add_symo_parser
+    from .sim.cli import add_sim_parser
 
     add_symo_parser(sub)
     add_eigenmode_parser(sub)
+    add_sim_parser(sub)
     return parser
 
 
@@ -135,6 +137,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .learn.cli import main as symo_main
 
         return symo_main(args)
+    if args.command == "sim":
+        from .sim.cli import run_sim
+
+        return run_sim(args)
     if args.command == "eigenmode":
         from .control.cli import run_eigenmode
 
