@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 
 import torch
 from torch import Tensor, nn
@@ -217,7 +218,12 @@ class DifferentiableRobotModel(nn.Module):
         robot: the underlying :class:`diffmech.RobotModel` (its own joint order, ``robot.joint_names``);
             all of diffmech's methods are there.
         name: the name given.
+        solve_dtype: forward dynamics of less precise inputs is computed in this dtype (default
+            float64) and returned in theirs: a hand's mass matrix (condition number 1e6-1e7 for the
+            Jaco's fingers) loses every digit of float32 in the solve. ``None``: the inputs' dtype.
     """
+
+    solve_dtype: torch.dtype | None = torch.float64
 
     def __init__(self, urdf_path: str, name: str = "", device=None, *, dtype: torch.dtype | None = None):
         super().__init__()
@@ -228,7 +234,9 @@ class DifferentiableRobotModel(nn.Module):
         eye = ((1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0))
         for link in spec.links:
             if not link.has_inertial:  # DRM's (and PyBullet's) default, not a massless link
-                link.mass, link.com, link.inertia = 1.0, (0.0, 0.0, 0.0), eye
+                link.mass, link.com, link.inertia, link.has_inertial = 1.0, (0.0, 0.0, 0.0), eye, True
+                warnings.warn(f"{spec.source}: link '{link.name}' has no <inertial>: mass 1 kg and inertia 1 kg m^2 "
+                              "at its origin (differentiable-robot-model's and PyBullet's default)", stacklevel=2)
         for joint in spec.joints:
             joint.mimic = None
         self.robot = RobotModel(spec, dtype=dtype, device=device)
@@ -376,17 +384,28 @@ class DifferentiableRobotModel(nn.Module):
     def compute_forward_dynamics(self, q: Tensor, qd: Tensor, f: Tensor, include_gravity: bool = True,
                                  use_damping: bool = False) -> Tensor:
         """Joint accelerations ``(..., n_dofs)`` under torques ``f`` (ABA, or CRBA and a solve for small
-        batches); ``use_damping`` subtracts ``d qd`` from ``f`` (without changing ``f``)."""
+        batches); ``use_damping`` subtracts ``d qd`` from ``f`` (without changing ``f``). Computed in
+        :attr:`solve_dtype` (float64) and returned in the inputs' dtype."""
+        q, qd, f, back = self._solve_inputs(q, qd, f)
         qdd = dynamics.forward_dynamics(self._model(include_gravity), self._in(q), self._in(qd), self._in(f),
                                         passive=use_damping)
-        return self._out(qdd)
+        return self._out(qdd).to(back)
 
     def compute_forward_dynamics_old(self, q: Tensor, qd: Tensor, f: Tensor, include_gravity: bool = True,
                                      use_damping: bool = True) -> Tensor:
-        """``qdd = M^-1 (f - h)`` by the mass matrix and a solve (DRM's earlier method)."""
+        """``qdd = M^-1 (f - h)`` by the mass matrix and a solve (DRM's earlier method), in
+        :attr:`solve_dtype`."""
+        q, qd, f, back = self._solve_inputs(q, qd, f)
         M = self.compute_lagrangian_inertia_matrix(q)
         h = self.compute_non_linear_effects(q, qd, include_gravity, use_damping)
-        return torch.linalg.solve(M, (f - h)[..., None])[..., 0]
+        return torch.linalg.solve(M, (f - h)[..., None])[..., 0].to(back)
+
+    def _solve_inputs(self, q: Tensor, qd: Tensor, f: Tensor):
+        """The inputs in :attr:`solve_dtype` where that is more precise than theirs, and their dtype."""
+        dt, back = self.solve_dtype, q.dtype
+        if dt is None or not back.is_floating_point or torch.finfo(back).bits >= torch.finfo(dt).bits:
+            return q, qd, f, back
+        return q.to(dt), qd.to(dt), f.to(dt), back
 
     # ------------------------------------------------------------------ learnable parameters
     def _owner(self, link_name: str, parameter_name: str):
