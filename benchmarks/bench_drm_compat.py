@@ -225,32 +225,39 @@ def markdown(rep: dict) -> str:
         "`diffmech.dynamics.kernels.native_mode(\"build\")` (kernels built or loaded in the warm-up call, "
         f"whose time is the last column). Medians of {a['repeats']} repeats.", "",
         "| loop | optimiser steps | DRM (s) | facade (s) | facade, native kernels (s) | DRM / facade | "
-        "DRM / facade native | ms per step: DRM / facade / native | final loss: DRM / facade | "
+        "DRM / facade native | ms per step: DRM / facade / native | loss, first -> last epoch: DRM | facade | "
         "first call, native (s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def cell(x, fmt="{:.2f}"):
+        return fmt.format(x) if x is not None else "n/a"
+
+    def ms(x):
+        return f"{1e3 * x['wall_s'] / x['steps']:.1f}" if x else "n/a"
+
+    def losses(x):
+        return f"{x['losses'][0]:.3g} -> {x['losses'][-1]:.3g}" if x else "n/a"
+
     for loop, label in LOOPS.items():
         r = rep["results"].get(loop)
         if not r:
             continue
         d, f, n = r.get("drm"), r.get("facade"), r.get("native")
-
-        def cell(x, fmt="{:.2f}"):
-            return fmt.format(x) if x is not None else "n/a"
-
-        def ms(x):
-            return f"{1e3 * x['wall_s'] / x['steps']:.1f}" if x else "n/a"
-
         lines.append(
             f"| {label} | {f['steps']} | {cell(d and d['wall_s'])} | {cell(f['wall_s'])} | "
             f"{cell(n and n['wall_s'])} | {cell(d and d['wall_s'] / f['wall_s'], '{:.1f}x')} | "
             f"{cell(d and n and d['wall_s'] / n['wall_s'], '{:.1f}x')} | {ms(d)} / {ms(f)} / {ms(n)} | "
-            f"{cell(d and d['final_loss'], '{:.3g}')} / {f['final_loss']:.3g} | "
-            f"{cell(n and n['first_call_s'], '{:.1f}')} |")
+            f"{losses(d)} | {losses(f)} | {cell(n and n['first_call_s'], '{:.1f}')} |")
     lines += ["",
-              "The losses differ where DRM and diffmech compute different things: DRM multiplies by a learnable "
-              "inertia matrix as given, diffmech by its symmetric part (`UnconstrainedTensor(3, 3)` starts "
-              "non-symmetric), and the facade's float32 forward dynamics is solved in float64. With symmetric "
-              "parametrizations the two take the same steps (`tests/test_compat_drm.py`).", "",
+              "Losses are the mean over each epoch's batches (the last repeat). They differ where the two compute "
+              "different things: a learnable inertia enters DRM as given and diffmech through its symmetric part, "
+              "and DRM's examples start it at a random `UnconstrainedTensor(3, 3)` (non-symmetric, indefinite), "
+              "so the forward-dynamics loop starts from an unphysical link whose accelerations already differ at "
+              "the first batch; the facade's float32 forward dynamics is also solved in float64. Where the "
+              "inertia is symmetric the two take the "
+              "same steps (`tests/test_compat_drm.py`). *first call, native*: building the kernels (or loading "
+              "them from the disk cache) for this loop's algorithm and gradients; the kinematics loop has none.",
+              "",
               f"Raw data: `{rep.get('json_path', 'benchmarks/results/bench_drm_compat.json')}`.", MARK_END]
     return "\n".join(lines)
 
