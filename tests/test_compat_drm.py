@@ -12,9 +12,11 @@ kinematics, the two-link arm's) run on the facade for a few epochs.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import logging
 import os
+import pickle
 import warnings
 
 import numpy as np
@@ -526,6 +528,14 @@ def test_state_dict_round_trip_with_drm_parametrizations():
     assert_close(plain.compute_inverse_dynamics(q, qd, qdd), a.compute_inverse_dynamics(q, qd, qdd), 1e-5)
     with pytest.raises(ModelError, match="cannot be set from a value"):
         b.load_state_dict(plain.state_dict())
+    # copies and pickles, gravity-free calls included
+    ref = a.compute_inverse_dynamics(q, qd, qdd, include_gravity=False)
+    buf = io.BytesIO()
+    torch.save(a, buf)
+    buf.seek(0)
+    for c in (copy.deepcopy(a), pickle.loads(pickle.dumps(a)), torch.load(buf, weights_only=False)):
+        assert torch.equal(c.compute_inverse_dynamics(q, qd, qdd, include_gravity=False), ref)
+        assert c._bodies[1]._model is c
 
 
 def test_kinematic_state_and_newton_euler():

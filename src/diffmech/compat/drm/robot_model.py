@@ -134,6 +134,8 @@ class _GravityView:
         self._last: tuple = (None, None)
 
     def __getattr__(self, name):
+        if name == "_robot" or name.startswith("__"):  # not yet set (copying, unpickling)
+            raise AttributeError(name)
         return getattr(self._robot, name)
 
     def model_tensors(self, dtype=None, device=None):
@@ -141,8 +143,12 @@ class _GravityView:
         if self._last[0] is mt:
             return self._last[1]
         out = mt._replace(gravity=mt.gravity.new_tensor(self._gravity))
-        self._last = (mt, out)
+        if not any(t.requires_grad for t in mt):  # a bundle with a graph is made anew at every call
+            self._last = (mt, out)
         return out
+
+    def __getstate__(self):
+        return {"_robot": self._robot, "_gravity": self._gravity, "_last": (None, None)}
 
     def model_tensors_flat(self, dtype):
         mt = self.model_tensors(dtype, torch.device("cpu"))
