@@ -36,28 +36,58 @@ def link_placements(tree: KinematicTree, ts: TreeState) -> tuple[Tensor, Tensor]
     return R, p
 
 
-def forward_kinematics(robot: RobotParameters, q: Tensor) -> Tensor:
+def forward_kinematics(robot: RobotParameters, q: Tensor, *, form: str = "matrix"):
     """World poses of all links.
 
     Args:
         q: (..., nq) configuration.
+        form: how each pose comes back (see :func:`link_pose`): ``"matrix"`` (default),
+            ``"pos_quat"`` or ``"pos_rot"``.
 
     Returns:
-        (..., n_links, 4, 4) homogeneous transforms ``T_world_link`` in ``robot.link_names`` order.
+        ``"matrix"``: (..., n_links, 4, 4) homogeneous transforms ``T_world_link`` in
+        ``robot.link_names`` order; ``"pos_quat"``: ``(pos (..., n_links, 3), quat (..., n_links, 4))``
+        with quaternions ``(x, y, z, w)``, ``w >= 0``; ``"pos_rot"``: ``(pos, R (..., n_links, 3, 3))``.
     """
+    _check_form(form)
     flat, batch = as_state(robot, [("q", q, robot.nq)])
     tree, mt = bind(robot, flat[0])
     R, p = link_placements(tree, tree_state(tree, mt, joint_q(tree, flat[0])))
-    return spatial.homogeneous(R, p).reshape(*batch, robot.n_links, 4, 4)
+    return _as_form(R.reshape(*batch, robot.n_links, 3, 3), p.reshape(*batch, robot.n_links, 3), form)
 
 
-def link_pose(robot: RobotParameters, q: Tensor, link: str | int) -> Tensor:
-    """World pose ``T_world_link (..., 4, 4)`` of one link."""
+def link_pose(robot: RobotParameters, q: Tensor, link: str | int, *, form: str = "matrix"):
+    """World pose of one link.
+
+    Args:
+        q: (..., nq) configuration.
+        link: link name or index.
+        form: ``"matrix"`` (default): ``T_world_link (..., 4, 4)``; ``"pos_quat"``: the link origin
+            ``pos (..., 3)`` (m, world frame) and its orientation ``quat (..., 4)`` as ``(x, y, z, w)``
+            with ``w >= 0``; ``"pos_rot"``: ``pos (..., 3)`` and the rotation ``R (..., 3, 3)``.
+    """
+    _check_form(form)
     li = robot.tree.link(link)
     flat, batch = as_state(robot, [("q", q, robot.nq)])
     tree, mt = bind(robot, flat[0])
     R, p = _one_link(tree, tree_state(tree, mt, joint_q(tree, flat[0])), li)
-    return spatial.homogeneous(R, p).reshape(*batch, 4, 4)
+    return _as_form(R.reshape(*batch, 3, 3), p.reshape(*batch, 3), form)
+
+
+FORMS = ("matrix", "pos_quat", "pos_rot")
+
+
+def _check_form(form: str) -> None:
+    if form not in FORMS:
+        raise OptionError(f"unknown pose form {form!r}; choose from {FORMS}")
+
+
+def _as_form(R: Tensor, p: Tensor, form: str):
+    if form == "matrix":
+        return spatial.homogeneous(R, p)
+    if form == "pos_quat":
+        return p, spatial.matrix_to_quat(R)
+    return p, R
 
 
 def _one_link(tree: KinematicTree, ts: TreeState, li: int) -> tuple[Tensor, Tensor]:
