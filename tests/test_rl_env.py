@@ -75,7 +75,7 @@ def test_return_telescopes_to_distance_progress():
     torch.testing.assert_close(x0, torch.tensor([-1.5, 0.0, 0.0]).expand(4, 3), atol=1e-12, rtol=0)
     g = torch.Generator().manual_seed(0)
     total = torch.zeros(4)
-    for k in range(env.horizon):
+    for _ in range(env.horizon):
         res = env.step(torch.rand(4, n, generator=g) * 2 - 1)
         total += res.reward
         last_q = env.q
