@@ -44,6 +44,7 @@ class StepResult:
         truncated: (N,) bool, the episode reached the time limit.
         final_obs: (N, obs_dim) observation reached by the step before any reset (equals ``obs``
             where the environment did not finish); differentiable like ``obs``.
+        final_q, final_v: (N, nq), (N, nv) the state reached by the step before any reset.
     """
 
     obs: Tensor
@@ -51,6 +52,8 @@ class StepResult:
     terminated: Tensor
     truncated: Tensor
     final_obs: Tensor
+    final_q: Tensor
+    final_v: Tensor
 
     def __iter__(self):
         yield from (self.obs, self.reward, self.terminated, self.truncated, {"final_obs": self.final_obs})
@@ -127,6 +130,15 @@ class DiffEnv:
     def terminal(self, q1: Tensor, v1: Tensor) -> Tensor:
         """``(B,)`` bool: the state ends the episode (default: never)."""
         return torch.zeros(q1.shape[0], dtype=torch.bool, device=q1.device)
+
+    def draw_points(self, q: Tensor) -> Tensor:
+        """``(B, k, 3)`` world points drawn as a polyline (:mod:`diffmech.rl.render`); default: the
+        origins of the robot's links in order."""
+        return self.robot.forward_kinematics(q)[..., :3, 3]
+
+    def draw_target(self) -> Tensor | None:
+        """A world point ``(3,)`` drawn as the goal, or ``None``."""
+        return None
 
     # ------------------------------------------------------------------ the mechanics
     def _zero_state(self, n: int) -> tuple[Tensor, Tensor]:
@@ -220,13 +232,14 @@ class DiffEnv:
         t1 = self.t + 1
         trunc = (t1 >= self.horizon) & ~term
         done = term | trunc
+        qn, vn = q1, v1
         if bool(done.any()):
-            q1, v1, t1 = self._restart(done, q1, v1, t1)
-            obs = torch.where(done[:, None], self.observe(q1, v1, t1), obs1)
+            qn, vn, t1 = self._restart(done, q1, v1, t1)
+            obs = torch.where(done[:, None], self.observe(qn, vn, t1), obs1)
         else:
             obs = obs1
-        self.q, self.v, self.t = q1, v1, t1
-        return StepResult(obs, rew, term, trunc, obs1)
+        self.q, self.v, self.t = qn, vn, t1
+        return StepResult(obs, rew, term, trunc, obs1, q1, v1)
 
 
 # Bob masses of the seed's n-link pendulum files (first link 1 kg, every further link 2.16 kg).
@@ -293,6 +306,12 @@ class NLinkReach(DiffEnv):
             u = torch.rand(n, self.links, generator=self.generator, **z)
             q = q + self.reset_noise * (2 * u - 1)
         return q, torch.zeros(n, self.links, **z)
+
+    def draw_points(self, q: Tensor) -> Tensor:
+        return self.robot.forward_kinematics(q)[..., 1:, :3, 3]  # joint 1, the further joints, the tip
+
+    def draw_target(self) -> Tensor:
+        return self.target
 
     def tip(self, q: Tensor) -> Tensor:
         """World position ``(..., 3)`` of the tip for joint angles ``q (..., n)``."""
