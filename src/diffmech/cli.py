@@ -1,4 +1,4 @@
-"""Command line: ``diffmech demo|info|symo|eigenmode ...`` (also ``python -m diffmech ...``)."""
+"""Command line: ``diffmech demo|info|symo|eigenmode|rl ...`` (also ``python -m diffmech ...``)."""
 
 from __future__ import annotations
 
@@ -40,9 +40,11 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     from .control.cli import add_eigenmode_parser
     from .learn.cli import add_parser as add_symo_parser
+    from .rl.cli import add_parser as add_rl_parser
 
     add_symo_parser(sub)
     add_eigenmode_parser(sub)
+    add_rl_parser(sub)
     return parser
 
 
@@ -87,6 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .learn.cli import main as symo_main
 
         return symo_main(args)
+    if args.command == "rl":
+        from .rl.cli import main as rl_main
+
+        return rl_main(args)
     if args.command == "eigenmode":
         from .control.cli import run_eigenmode
 
