@@ -51,3 +51,12 @@ def test_bad_setting_is_an_error(tmp_path, capsys):
     assert rc == 1 and "no_such" in capsys.readouterr().err
     rc = main(["rl", "train", "--env", "ant", "--algo", "shac", "--seed", "0", "--out", str(tmp_path / "y")])
     assert rc == 1 and "ant" in capsys.readouterr().err
+
+
+def test_wall_budget_stops_early(tmp_path):
+    from diffmech.rl.train import train
+
+    m = train("nlink-reach", "shac", tmp_path / "w", links=1, steps=10_000, max_wall=0.0, evaluations=1,
+              eval_episodes=1, progress=False, overrides={"num_envs": 2, "horizon": 4, "hidden": [8]})
+    assert m["env_steps"] == 8  # one iteration, then the budget is spent
+    assert json.loads((tmp_path / "w" / "config.json").read_text())["algo_config"]["critic_lr"] == 5e-4

@@ -40,6 +40,8 @@ def add_parser(sub) -> None:
     t.add_argument("--out", required=True, help="output folder DIR")
     t.add_argument("--device", default="cpu", help="torch device of diffmech's learners (default: %(default)s)")
     t.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
+    t.add_argument("--max-wall", type=float, default=None, metavar="S",
+                   help="stop after S seconds of training (evaluations excluded) even with steps left")
     t.add_argument("--evaluations", type=int, default=50, help="evaluations over the run (default: %(default)s)")
     t.add_argument("--eval-episodes", type=int, default=4, help="episodes per evaluation (default: %(default)s)")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -72,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
             from .train import train
 
             m = train(args.env, args.algo, args.out, links=args.links, steps=args.steps, seed=args.seed,
-                      device=args.device, threads=args.threads, evaluations=args.evaluations,
+                      device=args.device, threads=args.threads, max_wall=args.max_wall, evaluations=args.evaluations,
                       eval_episodes=args.eval_episodes, progress=False if args.no_progress else None,
                       overrides=_pairs(args.set, "--set"), env_kwargs=_pairs(args.env_set, "--env-set"))
         else:

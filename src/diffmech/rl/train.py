@@ -43,6 +43,12 @@ DEFAULT_STEPS = {"shac": 500_000, "ppo": 500_000, "sac": 50_000, "policy-enhance
                  "sample-enhanced-sac": 50_000}
 
 
+# Settings that differ from an algorithm's defaults on a task (the user's --set wins). On nlink-reach
+# SHAC's windows of 50 steps and learning rates of 5e-4 climbed steadily where the paper's 32 steps and
+# 2e-3 oscillated (links=2, 200k steps; a whole-episode window, 100 steps, diverged).
+TASK_DEFAULTS = {("nlink-reach", "shac"): {"horizon": 50, "actor_lr": 5e-4, "critic_lr": 5e-4}}
+
+
 def make_env(name: str, num_envs: int = 1, *, links: int = 2, seed: int = 0, device=None, **kwargs) -> DiffEnv:
     """The batched differentiable environment of a task name (:data:`ENVS`)."""
     if name == "nlink-reach":
@@ -135,8 +141,14 @@ def _sb3_model(algo: str, env_name: str, links: int, seed: int, overrides: dict,
 class _Recorder:
     """Evaluations at regular environment steps, training time without the evaluations."""
 
-    def __init__(self, eval_env: DiffEnv, policy: Callable, every: int, bar):
+    def __init__(self, eval_env: DiffEnv, policy: Callable, every: int, bar, max_wall: float | None,
+                 evaluations: int):
         self.eval_env, self.policy, self.every, self.bar = eval_env, policy, max(1, every), bar
+        self.max_wall = math.inf if max_wall is None else float(max_wall)
+        # with a wall budget, evaluations are also due every max_wall / evaluations seconds, so a slow
+        # learner that spends its budget long before its step budget still gets a curve
+        self.every_s = self.max_wall / max(1, evaluations)
+        self.next_eval_s = self.every_s
         self.rows: list[dict] = []
         self.t0 = time.perf_counter()
         self.eval_time = 0.0
@@ -147,15 +159,18 @@ class _Recorder:
     def wall(self) -> float:
         return time.perf_counter() - self.t0 - self.eval_time
 
-    def advance(self, steps: int, train_returns: list[float] | None = None) -> None:
+    def advance(self, steps: int, train_returns: list[float] | None = None) -> bool:
+        """Count ``steps`` more environment steps, evaluate when due; ``False`` once the wall budget is spent."""
         self.env_steps += steps
         if train_returns:
             self.train_return = sum(train_returns[-16:]) / len(train_returns[-16:])
         if self.bar is not None:
             self.bar.update(steps)
-        if self.env_steps >= self.next_eval:
+        if self.env_steps >= self.next_eval or self.wall() >= self.next_eval_s:
             self.evaluate()
             self.next_eval = self.env_steps + self.every
+            self.next_eval_s = self.wall() + self.every_s
+        return self.wall() < self.max_wall
 
     def evaluate(self) -> None:
         t = time.perf_counter()
@@ -205,8 +220,9 @@ def _versions() -> dict:
 
 
 def train(env_name: str, algo: str, out, *, links: int = 2, steps: int | None = None, seed: int = 0,
-          device: str = "cpu", threads: int | None = 1, evaluations: int = 50, eval_episodes: int = 4,
-          progress: bool | None = None, overrides: dict | None = None, env_kwargs: dict | None = None) -> dict:
+          device: str = "cpu", threads: int | None = 1, max_wall: float | None = None, evaluations: int = 50,
+          eval_episodes: int = 4, progress: bool | None = None, overrides: dict | None = None,
+          env_kwargs: dict | None = None) -> dict:
     """Train ``algo`` on ``env_name`` for ``steps`` environment steps and write the run into ``out``.
 
     Args:
@@ -219,7 +235,11 @@ def train(env_name: str, algo: str, out, *, links: int = 2, steps: int | None = 
         device: of diffmech's learners and environments (stable-baselines3 runs on the CPU).
         threads: torch CPU threads (``None``: leave torch's choice); one thread is fastest for these
             small batches on a shared machine.
-        evaluations: about this many evaluations over the run (and one at the start and the end).
+        max_wall: stop once the training time (evaluations excluded) exceeds this many seconds, even
+            with steps left (to compare algorithms at one wall-clock budget).
+        evaluations: about this many evaluations over the run (and one at the start and the end): every
+            ``steps / evaluations`` environment steps, and with ``max_wall`` also every
+            ``max_wall / evaluations`` seconds of training.
         eval_episodes: episodes per evaluation (batched).
         progress: tqdm bar; ``None``: only on a terminal.
         overrides: settings of the algorithm's config (:class:`~diffmech.rl.shac.SHACConfig`,
@@ -243,9 +263,9 @@ def train(env_name: str, algo: str, out, *, links: int = 2, steps: int | None = 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     eval_env = make_env(env_name, eval_episodes, links=links, seed=seed + 10_000, device=device, **env_kwargs)
-    cfg = _config(algo, overrides)
+    cfg = _config(algo, {**TASK_DEFAULTS.get((env_name, algo), {}), **overrides})
     config = {"env": env_name, "links": links, "algo": algo, "steps": steps, "seed": seed, "device": device,
-              "threads": threads, "evaluations": evaluations, "eval_episodes": eval_episodes,
+              "threads": threads, "max_wall_s": max_wall, "evaluations": evaluations, "eval_episodes": eval_episodes,
               "env_kwargs": env_kwargs,
               "algo_config": dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else cfg,
               "versions": _versions()}
@@ -257,9 +277,11 @@ def train(env_name: str, algo: str, out, *, links: int = 2, steps: int | None = 
     bar = tqdm(total=steps, desc=f"{algo} {env_name}", unit="step", disable=not progress, leave=False)
     every = max(1, steps // max(1, evaluations))
     if algo in ("sac", "ppo"):
-        rec = _train_sb3(algo, env_name, links, seed, steps, cfg, env_kwargs, eval_env, every, bar, out)
+        rec = _train_sb3(algo, env_name, links, seed, steps, cfg, env_kwargs, eval_env, every, bar, out, max_wall,
+                         evaluations)
     else:
-        rec = _train_own(algo, cfg, env_name, links, seed, steps, device, env_kwargs, eval_env, every, bar, out)
+        rec = _train_own(algo, cfg, env_name, links, seed, steps, device, env_kwargs, eval_env, every, bar, out,
+                         max_wall, evaluations)
     bar.close()
     wall = rec.wall()
     if rec.rows[-1]["env_steps"] != rec.env_steps:
@@ -277,21 +299,24 @@ def train(env_name: str, algo: str, out, *, links: int = 2, steps: int | None = 
     return metrics
 
 
-def _train_own(algo, cfg, env_name, links, seed, steps, device, env_kwargs, eval_env, every, bar, out) -> _Recorder:
+def _train_own(algo, cfg, env_name, links, seed, steps, device, env_kwargs, eval_env, every, bar, out,
+               max_wall, evaluations) -> _Recorder:
     per_iter = cfg.num_envs * (cfg.horizon if algo == "shac" else 1)
     iterations = math.ceil(steps / per_iter)
     learner = _learner(algo, cfg, env_name, links, seed, device, env_kwargs, iterations)
-    rec = _Recorder(eval_env, learner.act, every, bar)
+    rec = _Recorder(eval_env, learner.act, every, bar, max_wall, evaluations)
     rec.evaluate()
     rec.next_eval = every
     while rec.env_steps < steps:
         info = learner.iteration()
-        rec.advance(info["env_steps"], learner.finished_returns)
+        if not rec.advance(info["env_steps"], learner.finished_returns):
+            break
     torch.save({"algo": algo, "config": dataclasses.asdict(cfg), "state": learner.state_dict()}, out / "checkpoint.pt")
     return rec
 
 
-def _train_sb3(algo, env_name, links, seed, steps, overrides, env_kwargs, eval_env, every, bar, out) -> _Recorder:
+def _train_sb3(algo, env_name, links, seed, steps, overrides, env_kwargs, eval_env, every, bar, out,
+               max_wall, evaluations) -> _Recorder:
     import numpy as np
     from stable_baselines3.common.callbacks import BaseCallback
 
@@ -301,7 +326,7 @@ def _train_sb3(algo, env_name, links, seed, steps, overrides, env_kwargs, eval_e
         a, _ = model.predict(obs.detach().cpu().numpy(), deterministic=True)
         return torch.as_tensor(np.asarray(a), dtype=eval_env.dtype, device=eval_env.device)
 
-    rec = _Recorder(eval_env, policy, every, bar)
+    rec = _Recorder(eval_env, policy, every, bar, max_wall, evaluations)
 
     class Hook(BaseCallback):
         def _on_step(self) -> bool:
@@ -309,8 +334,7 @@ def _train_sb3(algo, env_name, links, seed, steps, overrides, env_kwargs, eval_e
                 ep = info.get("episode")
                 if ep is not None:
                     returns.append(float(ep["r"]))
-            rec.advance(n_envs, returns)
-            return True
+            return rec.advance(n_envs, returns)
 
     returns: list[float] = []
     rec.evaluate()
