@@ -2,6 +2,7 @@
 
 import csv
 import json
+import math
 
 import pytest
 
@@ -35,13 +36,17 @@ def test_train_and_eval_shac(tmp_path, capsys):
     assert main(["rl", "eval", str(out)]) == 0
     ev = json.loads(capsys.readouterr().out)
     assert ev["steps"] == 100 and (out / "eval.gif").read_bytes()[:6] == b"GIF89a"
+    assert ev["policy"] == "best"
+    assert main(["rl", "eval", str(out), "--final", "--no-gif"]) == 0
+    fin = json.loads(capsys.readouterr().out)
+    assert fin["policy"] == "final" and math.isfinite(fin["return"])
 
 
 def test_train_sb3_sac_and_eval(tmp_path, capsys):
     pytest.importorskip("stable_baselines3")
     out = _train(tmp_path, "sac", "--steps", "40", "--set", "learning_starts=20", "--set", "batch_size=8")
     assert json.loads((out / "metrics.json").read_text())["env_steps"] == 40
-    assert (out / "model.zip").exists()
+    assert (out / "model.zip").exists() and (out / "model_best.zip").exists()
     assert main(["rl", "eval", str(out), "--no-gif"]) == 0
 
 

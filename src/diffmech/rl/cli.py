@@ -30,7 +30,8 @@ def add_parser(sub) -> None:
     t = rsub.add_parser("train", help="train one algorithm on one task",
                         description="Writes DIR/config.json, DIR/metrics.json (max_return, final_return, env_steps, "
                                     "wall_s), DIR/curve.csv and DIR/curve.png (evaluation return vs environment steps "
-                                    "and vs wall-clock) and a checkpoint (checkpoint.pt, or model.zip for sac/ppo).")
+                                    "and vs wall-clock) and checkpoints (checkpoint.pt and checkpoint_best.pt, or "
+                                    "model.zip and model_best.zip for sac/ppo).")
     t.add_argument("--env", required=True, choices=ENVS, help="task")
     t.add_argument("--links", type=int, default=2, help="links of the pendulum (nlink-reach; default: %(default)s)")
     t.add_argument("--algo", required=True, choices=ALGOS, help="algorithm")
@@ -51,9 +52,12 @@ def add_parser(sub) -> None:
                    help="a task keyword, e.g. reset_noise=0.05; repeatable")
     t.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     e = rsub.add_parser("eval", help="run a trained policy once and render a GIF",
-                        description="Re-runs the deterministic policy of a run folder for one episode, prints its "
+                        description="Re-runs the deterministic policy of a run folder (by default the one of the best "
+                                    "evaluation during training) for one episode, prints its "
                                     "return, writes DIR/eval.json and DIR/eval.gif (matplotlib, Pillow writer).")
     e.add_argument("run", help="run folder DIR written by 'diffmech rl train'")
+    e.add_argument("--final", action="store_true",
+                   help="the final policy instead of the one of the best evaluation during training")
     e.add_argument("--no-gif", action="store_true", help="skip the GIF")
 
 
@@ -80,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
         else:
             from .train import evaluate_run
 
-            m = evaluate_run(args.run, gif=not args.no_gif)
+            m = evaluate_run(args.run, which="final" if args.final else "best", gif=not args.no_gif)
     except (DiffmechError, FileNotFoundError, ImportError) as exc:
         print(f"diffmech rl {args.rl_command}: error: {exc}", file=sys.stderr)
         return 1

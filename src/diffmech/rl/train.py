@@ -10,7 +10,8 @@ deterministic policy at regular intervals, and writes into its folder:
 * ``curve.csv`` and ``curve.png``: evaluation return against environment steps and against
   wall-clock training time;
 * ``checkpoint.pt`` (diffmech's learners: their networks and settings) or ``model.zip``
-  (stable-baselines3's SAC and PPO, on the gymnasium adapter).
+  (stable-baselines3's SAC and PPO, on the gymnasium adapter), the final policy, and
+  ``checkpoint_best.pt`` / ``model_best.zip``, the policy of the best evaluation.
 
 ``sac`` and ``ppo`` are stable-baselines3's, unchanged, on :class:`~diffmech.rl.gym_env.GymEnv`;
 ``policy-enhanced-sac``, ``sample-enhanced-sac`` and ``shac`` are diffmech's (:mod:`.sac`,
@@ -19,6 +20,7 @@ deterministic policy at regular intervals, and writes into its folder:
 
 from __future__ import annotations
 
+import copy
 import csv
 import dataclasses
 import json
@@ -149,6 +151,7 @@ class _Recorder:
         # learner that spends its budget long before its step budget still gets a curve
         self.every_s = self.max_wall / max(1, evaluations)
         self.next_eval_s = self.every_s
+        self.on_best: Callable[[], None] | None = None  # called when an evaluation beats every earlier one
         self.rows: list[dict] = []
         self.t0 = time.perf_counter()
         self.eval_time = 0.0
@@ -176,6 +179,8 @@ class _Recorder:
         t = time.perf_counter()
         ret = evaluate(self.eval_env, self.policy)
         self.eval_time += time.perf_counter() - t
+        if self.on_best is not None and all(ret > r["eval_return"] for r in self.rows):
+            self.on_best()
         self.rows.append({"env_steps": self.env_steps, "wall_s": round(self.wall(), 3), "eval_return": ret,
                           "train_return": self.train_return})
         if self.bar is not None:
@@ -305,13 +310,18 @@ def _train_own(algo, cfg, env_name, links, seed, steps, device, env_kwargs, eval
     iterations = math.ceil(steps / per_iter)
     learner = _learner(algo, cfg, env_name, links, seed, device, env_kwargs, iterations)
     rec = _Recorder(eval_env, learner.act, every, bar, max_wall, evaluations)
+    best: dict = {}
+    rec.on_best = lambda: best.update(state=copy.deepcopy(learner.state_dict()))
     rec.evaluate()
     rec.next_eval = every
     while rec.env_steps < steps:
         info = learner.iteration()
         if not rec.advance(info["env_steps"], learner.finished_returns):
             break
-    torch.save({"algo": algo, "config": dataclasses.asdict(cfg), "state": learner.state_dict()}, out / "checkpoint.pt")
+    if rec.rows[-1]["env_steps"] != rec.env_steps:
+        rec.evaluate()
+    for name, state in (("checkpoint.pt", learner.state_dict()), ("checkpoint_best.pt", best["state"])):
+        torch.save({"algo": algo, "config": dataclasses.asdict(cfg), "state": state}, out / name)
     return rec
 
 
@@ -327,6 +337,7 @@ def _train_sb3(algo, env_name, links, seed, steps, overrides, env_kwargs, eval_e
         return torch.as_tensor(np.asarray(a), dtype=eval_env.dtype, device=eval_env.device)
 
     rec = _Recorder(eval_env, policy, every, bar, max_wall, evaluations)
+    rec.on_best = lambda: model.save(out / "model_best.zip")
 
     class Hook(BaseCallback):
         def _on_step(self) -> bool:
@@ -340,24 +351,27 @@ def _train_sb3(algo, env_name, links, seed, steps, overrides, env_kwargs, eval_e
     rec.evaluate()
     rec.next_eval = every
     model.learn(total_timesteps=steps, callback=Hook())
+    if rec.rows[-1]["env_steps"] != rec.env_steps:
+        rec.evaluate()
     model.save(out / "model.zip")
     return rec
 
 
 # ---------------------------------------------------------------------- evaluation of a run
-def _load_policy(run: Path, config: dict, env: DiffEnv) -> Callable[[Tensor], Tensor]:
+def _load_policy(run: Path, config: dict, env: DiffEnv, which: str = "best") -> Callable[[Tensor], Tensor]:
     algo = config["algo"]
+    tag = "_best" if which == "best" else ""
     if algo in ("sac", "ppo"):
         import numpy as np
         import stable_baselines3 as sb3
 
-        model = (sb3.PPO if algo == "ppo" else sb3.SAC).load(run / "model.zip", device="cpu")
+        model = (sb3.PPO if algo == "ppo" else sb3.SAC).load(run / f"model{tag}.zip", device="cpu")
 
         def policy(obs):
             a, _ = model.predict(obs.detach().cpu().numpy(), deterministic=True)
             return torch.as_tensor(np.asarray(a), dtype=env.dtype, device=env.device)
         return policy
-    ck = torch.load(run / "checkpoint.pt", map_location=env.device, weights_only=False)
+    ck = torch.load(run / f"checkpoint{tag}.pt", map_location=env.device, weights_only=False)
     cfg = _config(algo, {k: v for k, v in ck["config"].items()})
     learner = _learner(algo, cfg, config["env"], config["links"], config["seed"], env.device,
                        config.get("env_kwargs", {}), 1)
@@ -365,16 +379,22 @@ def _load_policy(run: Path, config: dict, env: DiffEnv) -> Callable[[Tensor], Te
     return learner.act
 
 
-def evaluate_run(run, *, gif: bool = True, device: str = "cpu") -> dict:
-    """Re-run the trained policy of the folder ``run`` for one episode, write ``eval.json`` and
-    ``eval.gif`` (matplotlib animation, Pillow writer); returns the evaluation."""
+def evaluate_run(run, *, which: str = "best", gif: bool = True, device: str = "cpu") -> dict:
+    """Re-run a trained policy of the folder ``run`` for one episode, write ``eval.json`` and
+    ``eval.gif`` (matplotlib animation, Pillow writer); returns the evaluation.
+
+    ``which``: ``"best"`` (the policy of the best evaluation during training, ``checkpoint_best.pt`` /
+    ``model_best.zip``) or ``"final"`` (``checkpoint.pt`` / ``model.zip``).
+    """
+    if which not in ("best", "final"):
+        raise OptionError(f"which must be 'best' or 'final', got {which!r}")
     run = Path(run)
     config = json.loads((run / "config.json").read_text())
     env = make_env(config["env"], 1, links=config["links"], seed=config["seed"] + 20_000, device=device,
                    **config.get("env_kwargs", {}))
-    policy = _load_policy(run, config, env)
+    policy = _load_policy(run, config, env, which)
     ret, qs, rs = evaluate(env, policy, record=True)
-    result = {"return": ret, "steps": int(rs.shape[0])}
+    result = {"policy": which, "return": ret, "steps": int(rs.shape[0])}
     best = getattr(env, "max_return", None)
     if best is not None:
         result["max_possible_return"] = best
