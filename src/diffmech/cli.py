@@ -1,4 +1,4 @@
-"""Command line: ``diffmech demo|info|view|symo|eigenmode|sim ...`` (also ``python -m diffmech ...``)."""
+"""Command line: ``diffmech demo|info|view|symo|eigenmode|sim|rl ...`` (also ``python -m diffmech ...``)."""
 
 from __future__ import annotations
 
@@ -57,11 +57,13 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     from .control.cli import add_eigenmode_parser
     from .learn.cli import add_parser as add_symo_parser
+    from .rl.cli import add_parser as add_rl_parser
     from .sim.cli import add_sim_parser
 
     add_symo_parser(sub)
     add_eigenmode_parser(sub)
     add_sim_parser(sub)
+    add_rl_parser(sub)
     return parser
 
 
@@ -141,6 +143,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .sim.cli import run_sim
 
         return run_sim(args)
+    if args.command == "rl":
+        from .rl.cli import main as rl_main
+
+        return rl_main(args)
     if args.command == "eigenmode":
         from .control.cli import run_eigenmode
 

@@ -1,0 +1,19 @@
+"""Reinforcement learning with simulation gradients.
+
+:class:`~diffmech.rl.env.DiffEnv` is a batched environment whose observations and rewards are
+differentiable w.r.t. actions and states (through the simulator's one-step function);
+:class:`~diffmech.rl.env.NLinkReach` the n-link pendulum reaching task. With gymnasium installed,
+importing this package registers the gymnasium id ``diffmech/NLinkReach-v0``
+(:mod:`diffmech.rl.gym_env`).
+"""
+
+from .env import DiffEnv, NLinkReach, StepResult
+
+__all__ = ["DiffEnv", "NLinkReach", "StepResult"]
+
+try:  # gymnasium is optional (the ``rl`` extra): register the ids where it is installed
+    from .gym_env import register as _register
+except ImportError:  # pragma: no cover - without gymnasium
+    pass
+else:
+    _register()

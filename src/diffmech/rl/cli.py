@@ -1,0 +1,92 @@
+"""``diffmech rl {train,eval}``: reinforcement learning from the command line.
+
+Registered on the top-level parser by :func:`add_parser`; :func:`main` runs a parsed command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..errors import DiffmechError
+from .train import ALGOS, DEFAULT_STEPS, ENVS
+
+
+def _value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def add_parser(sub) -> None:
+    """Add ``rl`` and its subcommands to the subparsers ``sub`` of the ``diffmech`` parser."""
+    rl = sub.add_parser("rl", help="reinforcement learning with simulation gradients (train, eval)",
+                        description="Train a policy on a diffmech task (SHAC and policy- or sample-enhanced SAC "
+                                    "through the differentiable simulator; stable-baselines3's SAC and PPO on the "
+                                    "gymnasium adapter), or evaluate a trained run.")
+    rsub = rl.add_subparsers(dest="rl_command", required=True)
+    t = rsub.add_parser("train", help="train one algorithm on one task",
+                        description="Writes DIR/config.json, DIR/metrics.json (max_return, final_return, env_steps, "
+                                    "wall_s), DIR/curve.csv and DIR/curve.png (evaluation return vs environment steps "
+                                    "and vs wall-clock) and checkpoints (checkpoint.pt and checkpoint_best.pt, or "
+                                    "model.zip and model_best.zip for sac/ppo).")
+    t.add_argument("--env", required=True, choices=ENVS, help="task")
+    t.add_argument("--links", type=int, default=2, help="links of the pendulum (nlink-reach; default: %(default)s)")
+    t.add_argument("--algo", required=True, choices=ALGOS, help="algorithm")
+    t.add_argument("--steps", type=int, default=None,
+                   help="environment steps (default: " + ", ".join(f"{k} {v}" for k, v in DEFAULT_STEPS.items()) + ")")
+    t.add_argument("--seed", type=int, required=True, help="random seed")
+    t.add_argument("--out", required=True, help="output folder DIR")
+    t.add_argument("--device", default="cpu", help="torch device of diffmech's learners (default: %(default)s)")
+    t.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
+    t.add_argument("--max-wall", type=float, default=None, metavar="S",
+                   help="stop after S seconds of training (evaluations excluded) even with steps left")
+    t.add_argument("--evaluations", type=int, default=50, help="evaluations over the run (default: %(default)s)")
+    t.add_argument("--eval-episodes", type=int, default=4, help="episodes per evaluation (default: %(default)s)")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an algorithm setting (SHACConfig/SACConfig field, or a stable-baselines3 keyword), "
+                        "VALUE read as JSON when it parses; repeatable")
+    t.add_argument("--env-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a task keyword, e.g. reset_noise=0.05; repeatable")
+    t.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    e = rsub.add_parser("eval", help="run a trained policy once and render a GIF",
+                        description="Re-runs the deterministic policy of a run folder (by default the one of the best "
+                                    "evaluation during training) for one episode, prints its "
+                                    "return, writes DIR/eval.json and DIR/eval.gif (matplotlib, Pillow writer).")
+    e.add_argument("run", help="run folder DIR written by 'diffmech rl train'")
+    e.add_argument("--final", action="store_true",
+                   help="the final policy instead of the one of the best evaluation during training")
+    e.add_argument("--no-gif", action="store_true", help="skip the GIF")
+
+
+def _pairs(items: list[str], what: str) -> dict:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise DiffmechError(f"{what} expects KEY=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        out[k.strip()] = _value(v)
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run a parsed ``rl`` command; returns the exit code."""
+    try:
+        if args.rl_command == "train":
+            from .train import train
+
+            m = train(args.env, args.algo, args.out, links=args.links, steps=args.steps, seed=args.seed,
+                      device=args.device, threads=args.threads, max_wall=args.max_wall, evaluations=args.evaluations,
+                      eval_episodes=args.eval_episodes, progress=False if args.no_progress else None,
+                      overrides=_pairs(args.set, "--set"), env_kwargs=_pairs(args.env_set, "--env-set"))
+        else:
+            from .train import evaluate_run
+
+            m = evaluate_run(args.run, which="final" if args.final else "best", gif=not args.no_gif)
+    except (DiffmechError, FileNotFoundError, ImportError) as exc:
+        print(f"diffmech rl {args.rl_command}: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(m, indent=1))
+    return 0

@@ -1,0 +1,67 @@
+"""``diffmech rl train`` / ``diffmech rl eval``: the files a run writes, tiny budgets."""
+
+import csv
+import json
+import math
+
+import pytest
+
+from diffmech.cli import main
+
+pytest.importorskip("gymnasium")
+
+
+def _train(tmp_path, algo, *extra):
+    out = tmp_path / algo
+    rc = main(["rl", "train", "--env", "nlink-reach", "--links", "2", "--algo", algo, "--seed", "0", "--out", str(out),
+               "--evaluations", "2", "--eval-episodes", "2", "--no-progress", *extra])
+    assert rc == 0
+    return out
+
+
+def test_train_and_eval_shac(tmp_path, capsys):
+    out = _train(tmp_path, "shac", "--steps", "64", "--set", "num_envs=4", "--set", "horizon=8",
+                 "--set", "hidden=[16, 16]", "--env-set", "reset_noise=0.05")
+    metrics = json.loads((out / "metrics.json").read_text())
+    for key in ("max_return", "final_return", "env_steps", "wall_s"):
+        assert key in metrics
+    assert metrics["env_steps"] == 64 and metrics["max_possible_return"] == pytest.approx(2.0)
+    rows = list(csv.DictReader(open(out / "curve.csv")))
+    assert float(rows[0]["env_steps"]) == 0 and float(rows[-1]["env_steps"]) == 64
+    assert max(float(r["eval_return"]) for r in rows) == pytest.approx(metrics["max_return"])
+    config = json.loads((out / "config.json").read_text())
+    assert config["algo_config"]["hidden"] == [16, 16] and config["env_kwargs"] == {"reset_noise": 0.05}
+    assert (out / "curve.png").stat().st_size > 0 and (out / "checkpoint.pt").exists()
+    capsys.readouterr()
+    assert main(["rl", "eval", str(out)]) == 0
+    ev = json.loads(capsys.readouterr().out)
+    assert ev["steps"] == 100 and (out / "eval.gif").read_bytes()[:6] == b"GIF89a"
+    assert ev["policy"] == "best"
+    assert main(["rl", "eval", str(out), "--final", "--no-gif"]) == 0
+    fin = json.loads(capsys.readouterr().out)
+    assert fin["policy"] == "final" and math.isfinite(fin["return"])
+
+
+def test_train_sb3_sac_and_eval(tmp_path, capsys):
+    pytest.importorskip("stable_baselines3")
+    out = _train(tmp_path, "sac", "--steps", "40", "--set", "learning_starts=20", "--set", "batch_size=8")
+    assert json.loads((out / "metrics.json").read_text())["env_steps"] == 40
+    assert (out / "model.zip").exists() and (out / "model_best.zip").exists()
+    assert main(["rl", "eval", str(out), "--no-gif"]) == 0
+
+
+def test_bad_setting_is_an_error(tmp_path, capsys):
+    rc = main(["rl", "train", "--env", "nlink-reach", "--algo", "shac", "--seed", "0", "--out", str(tmp_path / "x"),
+               "--steps", "8", "--set", "no_such=1"])
+    assert rc == 1 and "no_such" in capsys.readouterr().err
+    rc = main(["rl", "train", "--env", "ant", "--algo", "shac", "--seed", "0", "--out", str(tmp_path / "y")])
+    assert rc == 1 and "ant" in capsys.readouterr().err
+
+
+def test_wall_budget_stops_early(tmp_path):
+    from diffmech.rl.train import train
+
+    m = train("nlink-reach", "shac", tmp_path / "w", links=1, steps=10_000, max_wall=0.0, evaluations=1,
+              eval_episodes=1, progress=False, overrides={"num_envs": 2, "horizon": 4, "hidden": [8]})
+    assert m["env_steps"] == 8  # one iteration, then the budget is spent
+    assert json.loads((tmp_path / "w" / "config.json").read_text())["algo_config"]["critic_lr"] == 5e-4
