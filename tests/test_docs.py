@@ -74,15 +74,22 @@ def test_page_runs(path: Path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # files a page writes land in a temporary folder
     namespace = {"__name__": "__docs__"}
     import matplotlib
+    import torch
 
     matplotlib.use("Agg")
-    with warnings.catch_warnings():
-        # a page shows what a user sees; warnings it triggers on purpose do not fail the test
-        warnings.simplefilter("ignore")
-        for line, code in python_blocks(text):
-            # pad with blank lines so that a traceback's line numbers are those of the .md file
-            compiled = compile("\n" * (line - 1) + code, str(path), "exec")
-            exec(compiled, namespace)
+    dtype, grad = torch.get_default_dtype(), torch.is_grad_enabled()
+    try:
+        with warnings.catch_warnings():
+            # a page shows what a user sees; warnings it triggers on purpose do not fail the test
+            warnings.simplefilter("ignore")
+            for line, code in python_blocks(text):
+                # pad with blank lines so that a traceback's line numbers are those of the .md file
+                compiled = compile("\n" * (line - 1) + code, str(path), "exec")
+                exec(compiled, namespace)
+    finally:
+        # the next tests of this process must not see what a page changed process-wide
+        torch.set_default_dtype(dtype)
+        torch.set_grad_enabled(grad)
 
 
 def test_mkdocs_build_strict(tmp_path):
