@@ -50,7 +50,8 @@ def _pages() -> list:
 
 
 def test_block_extraction():
-    text = "# t\n\n```python\na = 1\n```\n\n```bash\nls\n```\n\n```python\nb = a + 1\n```\n<!-- docs-test: requires x y -->\n"
+    text = ("# t\n\n```python\na = 1\n```\n\n```bash\nls\n```\n\n```python\nb = a + 1\n```\n"
+            "<!-- docs-test: requires x y -->\n")
     assert python_blocks(text) == [(4, "a = 1\n"), (12, "b = a + 1\n")]
     assert directives(text) == {"requires": ["x", "y"]}
 
