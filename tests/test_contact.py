@@ -16,6 +16,15 @@ from diffmech.model.collision import Shape, collision_shapes, set_collision_shap
 from diffmech.model.spec import JointSpec, LinkSpec, RobotSpec
 from diffmech.sim import Scene, rollout
 
+
+@pytest.fixture(autouse=True)
+def _native_pgs(monkeypatch):
+    # What users get by default: the solver's sweeps in C (the suite otherwise runs with native
+    # kernels off; tests/test_pgs.py checks the C sweeps against the torch ones).
+    from diffmech.contact import pgs_native
+
+    monkeypatch.setattr(pgs_native, "enabled", lambda: True)
+
 G = 9.81
 F64 = torch.float64
 
@@ -367,3 +376,60 @@ def test_policy_gradients_checkpoint_equal_autograd():
     assert grads[0][0].abs().sum() > 0
     with pytest.raises(DiffmechError, match="params="):
         rollout(scene, q0, v0, pol, 1e-3, steps=5)
+
+
+def test_urdf_contact_friction_applies_where_pairs_do_not():
+    # A box described in URDF with <contact><lateral_friction value="0.2"/>: sliding at v0 it stops
+    # after v0^2 / (2 * 0.2 g), not with the scene's 0.8; a pairs entry overrides the URDF.
+    urdf = """<robot name="crate"><link name="body"><contact><lateral_friction value="0.2"/>
+    <restitution value="0.1"/></contact><inertial><mass value="1"/><inertia ixx="0.01" iyy="0.01"
+    izz="0.01" ixy="0" ixz="0" iyz="0"/></inertial><collision><geometry><box size="0.2 0.2 0.2"/>
+    </geometry></collision></link></robot>"""
+    from diffmech.model.collision import contact_coefficients
+
+    box = diffmech.load_urdf(urdf, floating_base=True)
+    assert contact_coefficients(box) == {"body": {"friction": 0.2, "restitution": 0.1}}
+    for pairs, mu in ((None, 0.2), ({("crate", "ground"): {"friction": 0.5}}, 0.5)):
+        scene = Scene([box], friction=0.8, pairs=pairs)
+        assert scene.coefficients("crate", "ground", "body", None)[0] == mu
+        q0, v0 = _state(scene, crate=(0.0, 0.0, 0.1))
+        v0 = v0.clone()
+        v0[0] = 1.0
+        Q, _ = rollout(scene, q0, v0, _zeros(scene, 800), 1e-3)
+        assert float(Q[-1, 0]) == pytest.approx(1.0 / (2 * mu * 9.81), rel=0.05)
+    bad = urdf.replace('value="0.2"', 'value="-1"')
+    with pytest.raises(DiffmechError, match="lateral_friction"):
+        contact_coefficients(diffmech.load_urdf(bad, floating_base=True))
+
+
+def test_drives_hold_a_pendulum_at_the_spring_equilibrium_and_their_gains_get_gradients():
+    # A one-link pendulum (no contact) under gravity held by a joint spring kp: at rest where
+    # kp (q_ref - q) = m g l sin(q) (the static balance, solved by Newton here), stable at dt 1e-2
+    # even with kp 1e5 (implicit in the velocity); d q_final / d kp against central differences.
+    m, l, g = 1.0, 0.5, 9.81
+    links = [LinkSpec("base"), LinkSpec("arm", mass=m, com=(0.0, 0.0, -l), inertia=((1e-3, 0, 0), (0, 1e-3, 0),
+                                                                                 (0, 0, 1e-3)))]
+    joints = [JointSpec("j", "continuous", "base", "arm", axis=(0.0, 1.0, 0.0))]
+    arm = diffmech.RobotModel(RobotSpec("arm", links, joints), dtype=F64)
+
+    def final(kp, ref=0.5, kd=2.0, T=3000, dt=1e-3):
+        scene = Scene([arm], ground=False, drives={"arm": {"stiffness": kp, "damping": kd, "target": [ref]}})
+        Q, _ = rollout(scene, torch.zeros(1, dtype=F64), torch.zeros(1, dtype=F64), _zeros(scene, T), dt)
+        return Q[-1, 0]
+
+    kp = torch.tensor(20.0, dtype=F64, requires_grad=True)
+    q = final(kp)
+    x = torch.tensor(0.3, dtype=F64)
+    for _ in range(50):  # kp (0.5 - x) = m g l sin x
+        x = x - (20.0 * (0.5 - x) - m * g * l * torch.sin(x)) / (-20.0 - m * g * l * torch.cos(x))
+    assert q.item() == pytest.approx(float(x), abs=1e-6)
+    q.backward()
+    with torch.no_grad():
+        fd = (final(torch.tensor(20.0 + 1e-4, dtype=F64)) - final(torch.tensor(20.0 - 1e-4, dtype=F64))) / 2e-4
+    assert float(kp.grad) == pytest.approx(float(fd), rel=1e-5)
+    stiff = final(1e5, kd=0.0, T=300, dt=1e-2)  # explicit springs would blow up here
+    assert float(stiff) == pytest.approx(0.5, abs=1e-3)
+    with pytest.raises(DiffmechError, match="stiffness"):
+        Scene([arm], drives={"arm": {"stiffness": [1.0, 2.0]}})
+    with pytest.raises(DiffmechError, match="no model"):
+        Scene([arm], drives={"leg": {"stiffness": 1.0}})

@@ -7,6 +7,16 @@ import torch
 
 from diffmech.sim import rollout, scenes
 
+
+@pytest.fixture(autouse=True)
+def _native_pgs(monkeypatch):
+    # What users get by default: the solver's sweeps in C (the suite otherwise runs with native
+    # kernels off; tests/test_pgs.py checks the C sweeps against the torch ones).
+    from diffmech.contact import pgs_native
+
+    monkeypatch.setattr(pgs_native, "enabled", lambda: True)
+
+
 G = 9.81
 
 
@@ -65,3 +75,60 @@ def test_golf_swing_hits_the_ball_and_its_gradient_matches_finite_differences():
     with torch.no_grad():
         fd = (final_ball_x(u + 1e-5) - final_ball_x(u - 1e-5)) / 2e-5
     assert abs(float(u.grad) - float(fd)) < 1e-4 * max(1.0, abs(float(fd)))
+
+
+def _stand(seconds, dt=2e-3):
+    scene, q0, v0 = scenes.laikago(1)
+    T = round(seconds / dt)
+    info = {}
+    qs, vs = rollout(scene, q0, v0, torch.zeros(T, scene.nv, dtype=torch.float64), dt, stats=info)
+    return scene, qs, vs, info
+
+
+def test_laikago_settles_on_its_toes():
+    scene, qs, vs, _ = _stand(0.4)
+    assert scene.nq == 19 and scene.nv == 18
+    # settles within a few mm of the standing height, toes on (not in) the ground
+    assert abs(float(qs[-1, 2]) - 0.518) < 5e-3
+    toes = [n for n in scene.models["laikago0"].link_names if n.startswith("toe")]
+    T = scene.models["laikago0"].forward_kinematics(qs[-1])
+    z = torch.stack([T[scene.models["laikago0"].link_names.index(n), 2, 3] for n in toes])
+    assert float(z.min()) > 0.03 - 1e-3 and float(z.max()) < 0.03 + 2e-3
+
+
+@pytest.mark.slow
+def test_laikago_stands_five_seconds_without_sinking_or_drifting():
+    scene, qs, vs, info = _stand(5.0)
+    settled = round(1.0 / 2e-3)
+    drift = (qs[-1, :3] - qs[settled, :3]).abs()
+    assert float(drift.max()) < 1e-3  # m over the last 4 s
+    assert float(vs[-1].abs().max()) < 1e-3
+    assert float(qs[-1, 2]) > 0.51
+
+
+def test_sim_run_cli_writes_trajectory_results_and_gif(tmp_path):
+    import json
+
+    from diffmech.cli import main
+    from diffmech.sim.render import shape_lines
+
+    out = tmp_path / "car"
+    assert main(["sim", "run", "racecar", "--seconds", "0.05", "--friction", "0.5", "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["steps"] == 50 and res["frames"] >= 2
+    rows = (out / "trajectory.csv").read_text().splitlines()
+    assert len(rows) == 52 and rows[0].startswith("t,q0,")
+    x_end, vx_end = float(rows[-1].split(",")[1]), float(rows[-1].split(",")[8])
+    assert vx_end == pytest.approx(1.0 - 0.5 * G * 0.05, abs=1e-9)  # the braked car decelerates at mu g
+    assert x_end > 0.04
+    assert (out / "animation.gif").read_bytes()[:6] == b"GIF89a"
+    # a box's drawing: 12 edges whose ends are its corners at the pose given
+    from diffmech.model.collision import Shape
+
+    R = torch.eye(3, dtype=torch.float64)
+    lines = shape_lines(Shape("box", (0.2, 0.4, 0.6)), R, torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64))
+    assert len(lines) == 12
+    corners = torch.cat(lines)
+    torch.testing.assert_close(corners.amin(0), torch.tensor([0.9, 1.8, 2.7], dtype=torch.float64))
+    torch.testing.assert_close(corners.amax(0), torch.tensor([1.1, 2.2, 3.3], dtype=torch.float64))
+    assert main(["sim", "run", "golf", "--dt", "-1", "--out", str(tmp_path / "g")]) == 2

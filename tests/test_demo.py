@@ -105,3 +105,61 @@ def test_demo_skips_robots_whose_package_is_missing(tmp_path, monkeypatch, capsy
     assert list(report["robots"]) == ["pendulum"]
     assert "diffmech_no_such_package" in report["skipped"]["ghost"]
     assert "skipped ghost" in capsys.readouterr().out
+
+
+GRIPPER_ARM = """<robot name="gripper_arm">
+  <link name="base"/><link name="l1"/><link name="l2"/><link name="hand"/><link name="left"/><link name="right"/>
+  <joint name="shoulder" type="revolute"><parent link="base"/><child link="l1"/><axis xyz="0 0 1"/>
+    <limit lower="-1" upper="1"/></joint>
+  <joint name="elbow" type="revolute"><parent link="l1"/><child link="l2"/><origin xyz="0.5 0 0"/>
+    <axis xyz="0 1 0"/><limit lower="-1" upper="1"/></joint>
+  <joint name="wrist" type="fixed"><parent link="l2"/><child link="hand"/><origin xyz="0.4 0 0"/></joint>
+  <joint name="left_finger" type="prismatic"><parent link="hand"/><child link="left"/><axis xyz="0 1 0"/>
+    <limit lower="0" upper="0.04"/></joint>
+  <joint name="right_finger" type="prismatic"><parent link="hand"/><child link="right"/><axis xyz="0 -1 0"/>
+    <limit lower="0" upper="0.04"/></joint>
+</robot>"""
+
+
+def test_joint_groups_follow_the_limbs():
+    import warnings
+
+    from diffmech import load_urdf
+    from diffmech.demo import joint_groups
+    from diffmech.model import systems
+
+    assert joint_groups(systems.cartpole()) == [("1: slider ... hinge", [0, 1])]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        arm = load_urdf(GRIPPER_ARM)
+    # The arm above the hand is one chain; each finger branches off the hand (through a fixed joint).
+    assert joint_groups(arm) == [("1: shoulder ... elbow", [0, 1]), ("left finger", [2]), ("right finger", [3])]
+    known = available_robots()
+    if known["allegro"].available():
+        groups = joint_groups(known["allegro"].build())
+        assert [len(i) for _, i in groups] == [4, 4, 4, 4]
+        assert sorted(j for _, i in groups for j in i) == list(range(16))
+    if known["laikago"].available():
+        groups = joint_groups(known["laikago"].build())
+        assert [(label, len(i)) for label, i in groups] == [("FR", 3), ("FL", 3), ("RR", 3), ("RL", 3)]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pybullet_data") is None, reason="pybullet_data not installed")
+def test_sweep_figure_panels_per_leg_and_wrench_in_units():
+    robot = available_robots()["laikago"].build()
+    fig = demo.sweep_figure("laikago", robot, demo.sweep(robot, 5))
+    fig.canvas.draw()
+    titles = {ax.get_title(loc="left"): ax for ax in fig.axes}
+    force = titles["base gravity wrench: force (base frame)"]
+    torque = titles["base gravity wrench: torque (base frame)"]
+    assert force.get_ylabel() == "force [N]" and torque.get_ylabel() == "torque [N m]"
+    # The base is held against gravity by F_z = m g, no lateral force (identity orientation).
+    fx, fy, fz = (line.get_ydata() for line in force.get_lines())
+    assert max(abs(fx).max(), abs(fy).max()) < 1e-9
+    assert [t.get_text() for t in force.get_legend().get_texts()] == ["F_x", "F_y", "F_z"]
+    assert min(fz) == pytest.approx(9.81 * float(robot.total_mass()), rel=1e-6) and max(fz) == pytest.approx(min(fz))
+    legs = [titles[f"gravity torque, limb {leg}"] for leg in ("FR", "FL", "RR", "RL")]
+    for ax in legs + [force, torque]:
+        # Each legend sits beside its panel, not on it.
+        assert ax.get_legend().get_window_extent().x0 >= ax.get_window_extent().x1
+    assert [len(ax.get_lines()) for ax in legs] == [3, 3, 3, 3]

@@ -64,3 +64,24 @@ def test_implicit_gradient_matches_finite_differences_and_ignores_the_warm_start
         fd = (loss(*plus) - loss(*minus)) / (2 * eps)
         analytic = (grads[0][k] * d).sum()
         assert float(analytic) == pytest.approx(float(fd), rel=1e-5, abs=1e-8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_native_sweeps_equal_the_torch_sweeps(dtype, monkeypatch):
+    from diffmech.contact import pgs_native
+    from diffmech.contact.pgs_native import native_sweeps
+
+    monkeypatch.setattr(pgs_native, "enabled", lambda: True)  # the suite runs with native kernels off
+
+    A, c, mu = (t.to(dtype) for t in _problem(3, K=4, B=1))
+    if native_sweeps(A, c, mu, 1, 0.0, 1, None) is None:
+        pytest.skip("no C compiler: the torch sweeps run")
+    # (the C code may contract a * b + c into one rounding, so compare to rounding, and stop on a
+    # tolerance above it)
+    warm = _solve(A.double(), c.double(), mu.double()).lam.to(dtype)
+    for iterations, lam0, stop in ((1, None, 0.0), (7, None, 0.0), (30, warm, 1e-4)):
+        a = pgs(A, c, mu, iterations=iterations, tol=stop, lam0=lam0, native=True)
+        b = pgs(A, c, mu, iterations=iterations, tol=stop, lam0=lam0, native=False)
+        tol = 1e-12 if dtype == torch.float64 else 1e-5
+        torch.testing.assert_close(a.lam, b.lam, rtol=tol, atol=tol)
+        assert a.iterations == b.iterations

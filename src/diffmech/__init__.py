@@ -35,7 +35,7 @@ from .robot import RobotModel, load_urdf
 __version__ = "0.1.0"
 
 # Subpackages with heavier imports load on first use: ``diffmech.learn.X`` works after ``import diffmech``.
-_LAZY = ("contact", "control", "dynamics", "implicit", "learn", "model", "perf", "spatial")
+_LAZY = ("compat", "contact", "control", "dynamics", "implicit", "learn", "model", "perf", "spatial", "viz")
 
 
 def __getattr__(name: str):

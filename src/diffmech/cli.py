@@ -1,4 +1,4 @@
-"""Command line: ``diffmech demo|info|symo|eigenmode ...`` (also ``python -m diffmech ...``)."""
+"""Command line: ``diffmech demo|info|view|symo|eigenmode|sim ...`` (also ``python -m diffmech ...``)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,23 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("--floating-base", action="store_true", help="attach the root link by a free joint")
     info.add_argument("--batch", type=int, default=32, help="random states of the round trip (default: %(default)s)")
     info.add_argument("--json", action="store_true", help="print the row as JSON instead of a table")
+    view = sub.add_parser(
+        "view", help="write an animated 3-D view of a URDF as one self-contained HTML page",
+        description="Draw a URDF's visual meshes (collision shapes where a link has none) at one configuration "
+                    "or along a trajectory, as an HTML page that opens offline (plotly.js inline).",
+    )
+    view.add_argument("urdf", help="path of the URDF file")
+    view.add_argument("--q", nargs="+", type=float, default=None, metavar="V",
+                      help="one configuration, nq numbers (default: the neutral configuration)")
+    view.add_argument("--trajectory", default=None, metavar="FILE",
+                      help="configurations, one per row: .npy, or text/CSV with nq columns")
+    view.add_argument("--dt", type=float, default=None, help="seconds between trajectory rows (slider labels)")
+    view.add_argument("--floating-base", action="store_true", help="attach the root link by a free joint")
+    view.add_argument("--geometry", choices=("auto", "visual", "collision"), default="auto",
+                      help="what to draw (default: %(default)s: visual meshes, collision shapes where none)")
+    view.add_argument("--max-faces", type=int, default=None,
+                      help="triangles per frame (default: chosen from the trajectory length)")
+    view.add_argument("--out", default="traj.html", help="HTML file to write (default: %(default)s)")
     demo = sub.add_parser(
         "demo", help="load every robot at hand, check that forward dynamics inverts inverse dynamics, write a report",
         description="Load the bundled systems and every installed robot description, check "
@@ -40,9 +57,11 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     from .control.cli import add_eigenmode_parser
     from .learn.cli import add_parser as add_symo_parser
+    from .sim.cli import add_sim_parser
 
     add_symo_parser(sub)
     add_eigenmode_parser(sub)
+    add_sim_parser(sub)
     return parser
 
 
@@ -78,15 +97,50 @@ def _info(args) -> int:
     return 0
 
 
+def _view(args) -> int:
+    import warnings
+
+    import numpy as np
+
+    from . import load_urdf
+
+    if args.q is not None and args.trajectory is not None:
+        print("diffmech view: error: give --q or --trajectory, not both", file=sys.stderr)
+        return 2
+    try:
+        from .viz import show
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*has no <inertial>.*")
+            robot = load_urdf(args.urdf, floating_base=args.floating_base)
+        q = args.q
+        if args.trajectory is not None:
+            path = args.trajectory
+            q = np.load(path) if path.endswith(".npy") else np.loadtxt(path, delimiter="," if path.endswith(".csv")
+                                                                        else None, ndmin=2)
+        out = show(robot, q, args.out, geometry=args.geometry, dt=args.dt, max_faces=args.max_faces)
+    except (DiffmechError, OSError, ValueError) as exc:
+        print(f"diffmech view: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``diffmech`` script; returns the process exit code."""
     args = _parser().parse_args(argv)
     if args.command == "info":
         return _info(args)
+    if args.command == "view":
+        return _view(args)
     if args.command == "symo":
         from .learn.cli import main as symo_main
 
         return symo_main(args)
+    if args.command == "sim":
+        from .sim.cli import run_sim
+
+        return run_sim(args)
     if args.command == "eigenmode":
         from .control.cli import run_eigenmode
 

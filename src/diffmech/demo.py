@@ -31,7 +31,8 @@ import torch
 from .errors import DiffmechError
 from .model import RobotModel, load_urdf, systems
 
-__all__ = ["RoundTripError", "RobotEntry", "available_robots", "roundtrip_error", "sweep", "run_demo"]
+__all__ = ["RoundTripError", "RobotEntry", "available_robots", "roundtrip_error", "sweep", "run_demo", "joint_groups",
+           "sweep_figure"]
 
 
 class RoundTripError(DiffmechError):
@@ -169,35 +170,117 @@ def _coordinate_names(robot: RobotModel) -> list[str]:
     return base + list(robot.joint_names)
 
 
-def _plot(name: str, robot: RobotModel, data: dict, path: Path) -> None:
+def joint_groups(robot: RobotModel) -> list[tuple[str, list[int]]]:
+    """The moving joints grouped by limb: ``[(label, [indices into robot.joint_names]), ...]``.
+
+    A limb is an unbranched chain of one-DoF bodies: a joint belongs to the limb of the topmost
+    body above it whose parent (a body or the world) carries more than one chain. An arm is one
+    limb; a hand has one per finger (and its wrist joints, if any, form another); a quadruped one
+    per leg. The label is what the group's joint names share and the others' do not (``"FR"`` for
+    laikago's front right leg), else its number and first and last joint (``"1: joint_0.0 ...
+    joint_3.0"``).
+    Groups come in ``joint_names`` order; mimic joints (not coordinates) are left out.
+    """
+    import re
+
+    tree = robot.tree
+    nfree = tree.nfree
+    body_of = {tree.all_joint_names[k]: b + nfree for b, k in enumerate(tree.body_joint)}
+    children: dict[int, int] = {}
+    for b in range(tree.nb):
+        children[tree.body_parent[b]] = children.get(tree.body_parent[b], 0) + 1
+
+    def top(b: int) -> int:
+        # Up while the parent is a one-DoF body with this chain as its only child.
+        while (p := tree.body_parent[b]) >= nfree and children.get(p, 0) == 1:
+            b = p
+        return b
+
+    groups: dict[int, list[int]] = {}
+    for i, name in enumerate(robot.joint_names):
+        groups.setdefault(top(body_of[name]), []).append(i)
+    tokens = lambda n: set(t for t in re.split(r"[_\-. /]+", n) if t)  # noqa: E731
+    names = robot.joint_names
+    common_all = set.intersection(*(tokens(n) for n in names)) if names else set()
+    out = []
+    for idx in groups.values():
+        own = set.intersection(*(tokens(names[i]) for i in idx)) - common_all
+        # Keep the shared tokens in the order they appear in the first joint's name.
+        shared = [t for t in re.split(r"[_\-. /]+", names[idx[0]]) if t in own]
+        k = len(out) + 1
+        span = names[idx[0]] if len(idx) == 1 else f"{names[idx[0]]} ... {names[idx[-1]]}"
+        label = " ".join(dict.fromkeys(shared)) if shared and len(groups) > 1 else f"{k}: {span}"
+        out.append((label, idx))
+    return out
+
+
+def sweep_figure(name: str, robot: RobotModel, data: dict):
+    """The demo's plot of a :func:`sweep` as a matplotlib ``Figure``: cond M(q), the floating
+    base's gravity wrench (a force panel [N] and a torque panel [N m]), and the joints' gravity
+    torques in one panel per limb (:func:`joint_groups`; two columns beyond two limbs), each legend
+    beside its panel."""
     # The object-oriented API leaves pyplot's global backend alone: works headless.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     g = torch.tensor(data["gravity"])
-    names = _coordinate_names(robot)
-    nbase = 6 if robot.floating_base else 0
-    panels = [("cond M(q)", None)]
-    if nbase:
-        panels.append(("base gravity wrench\n[N | N m, base frame]", range(nbase)))
-    panels.append(("joint gravity torque\n[N m | N]", range(nbase, robot.nv)))
-    fig = Figure(figsize=(9.0, 2.6 * len(panels) + 0.6), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
     s = data["s"]
-    for ax, (label, coords) in zip(axes, panels):
-        ax.set_ylabel(label)
-        ax.grid(True, which="both", alpha=0.3)
-        if coords is None:
-            ax.semilogy(s, data["mass_matrix_cond"], color="k")
-            continue
-        for i, k in enumerate(coords):
+    nbase = 6 if robot.floating_base else 0
+    groups = joint_groups(robot)
+    ncols = 2 if len(groups) > 2 else 1
+    group_rows = -(-len(groups) // ncols)
+    rows = 1 + (1 if nbase else 0) + group_rows
+    fig = Figure(figsize=(7.5 + 5.0 * (ncols - 1), 2.3 * rows + 0.7), layout="constrained")
+    FigureCanvasAgg(fig)
+    grid = fig.add_gridspec(rows, ncols)
+    ax0 = fig.add_subplot(grid[0, :])
+    ax0.semilogy(s, data["mass_matrix_cond"], color="k")
+    ax0.set_ylabel("cond M(q)")
+    ax0.set_title("mass-matrix condition number", fontsize=9, loc="left")
+    axes = [ax0]
+
+    def legend(ax, n):
+        ax.legend(fontsize=7, ncol=1 if n <= 8 else 2, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+
+    row = 1
+    if nbase:
+        # g(q)'s first six entries are the wrench that holds the base against gravity, in the base
+        # frame: force (linear rows) and torque (angular rows) have different units, hence two panels.
+        pair = grid[row, :].subgridspec(1, 2)
+        for col, (title, unit, sym) in enumerate((("force", "N", "F"), ("torque", "N m", "M"))):
+            ax = fig.add_subplot(pair[0, col], sharex=ax0)
+            for i, c in enumerate("xyz"):
+                ax.plot(s, g[:, 3 * col + i].tolist(), label=f"{sym}_{c}", linewidth=1.2)
+            ax.set_title(f"base gravity wrench: {title} (base frame)", fontsize=9, loc="left")
+            ax.set_ylabel(f"{title} [{unit}]")
+            legend(ax, 3)
+            axes.append(ax)
+        row += 1
+    for n, (label, idx) in enumerate(groups):
+        ax = fig.add_subplot(grid[row + n // ncols, n % ncols], sharex=ax0)
+        types = {robot.joint_types[i] for i in idx}
+        mixed = "prismatic" in types and len(types) > 1
+        unit = "N" if types == {"prismatic"} else "N m | N" if mixed else "N m"
+        for i, j in enumerate(idx):
+            suffix = f" [{'N' if robot.joint_types[j] == 'prismatic' else 'N m'}]" if mixed else ""
             # Dashed once the 10-colour cycle repeats, so every curve stays identifiable.
-            ax.plot(s, g[:, k].tolist(), label=names[k], linewidth=1.2, linestyle="-" if i < 10 else "--")
-        ax.legend(fontsize=7, ncol=1 if len(coords) <= 10 else 2, loc="center left", bbox_to_anchor=(1.01, 0.5))
+            ax.plot(s, g[:, nbase + j].tolist(), label=robot.joint_names[j] + suffix, linewidth=1.2,
+                    linestyle="-" if i < 10 else "--")
+        ax.set_title(f"gravity torque, limb {label}" if len(groups) > 1 else "joint gravity torque", fontsize=9,
+                     loc="left")
+        ax.set_ylabel(f"[{unit}]")
+        legend(ax, len(idx))
+        if n + ncols >= len(groups):  # the lowest panel of its column
+            ax.set_xlabel("sweep fraction s  (joint j at lower_j + s (upper_j - lower_j))")
+        axes.append(ax)
+    for ax in axes:
+        ax.grid(True, which="both", alpha=0.3)
     fig.suptitle(f"{name} ({robot.name}, nq={robot.nq}, nv={robot.nv}): all joints swept together")
-    axes[-1].set_xlabel("sweep fraction s  (joint j at lower_j + s (upper_j - lower_j))")
-    fig.savefig(path, dpi=100)
+    return fig
+
+
+def _plot(name: str, robot: RobotModel, data: dict, path: Path) -> None:
+    sweep_figure(name, robot, data).savefig(path, dpi=100)
 
 
 # ---------------------------------------------------------------------------- table

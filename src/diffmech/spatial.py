@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .errors import OptionError
+
 __all__ = [
     "skew",
     "rpy_to_matrix",
@@ -29,6 +31,8 @@ __all__ = [
     "so3_log",
     "so3_jlog",
     "se3_log",
+    "se3_log_matrix",
+    "pose_error",
     "homogeneous",
     "motion_action",
     "motion_action_inverse",
@@ -233,6 +237,36 @@ def se3_log(R: Tensor, p: Tensor) -> Tensor:
     eye = torch.eye(3, dtype=R.dtype, device=R.device)
     V_inv = eye - 0.5 * K + _jlog_coeff(w)[..., None, None] * (K @ K)
     return torch.cat([(V_inv @ p[..., None])[..., 0], w], dim=-1)
+
+
+def se3_log_matrix(T: Tensor) -> Tensor:
+    """:func:`se3_log` of a homogeneous transform: ``T (..., 4, 4) -> nu = (v; w) (..., 6)``."""
+    return se3_log(T[..., :3, :3], T[..., :3, 3])
+
+
+def pose_error(T: Tensor, T_target: Tensor, *, frame: str = "local") -> Tensor:
+    """The SE(3) error that takes pose ``T`` to ``T_target``, ``(..., 6)`` as ``(linear; angular)``.
+
+    ``frame="local"`` (default): the twist ``log(T^-1 T_target)`` in the axes and at the origin of
+    ``T`` -- Pinocchio's ``log6(T.actInv(T_target))``; ``se3_exp`` of it, applied on the right of
+    ``T``, gives ``T_target``. ``frame="split"``: the world-frame position difference
+    ``p_target - p`` and the world-frame rotation vector ``so3_log(R_target R^T)`` (what inverse
+    kinematics drives to zero; not a twist, but each half has the units one expects, m and rad).
+    Both vanish exactly when the poses are equal and are differentiable w.r.t. both poses.
+
+    Args:
+        T: (..., 4, 4) current pose(s).
+        T_target: (..., 4, 4) desired pose(s); broadcasts against ``T``.
+        frame: ``"local"`` or ``"split"``.
+    """
+    R, p = T[..., :3, :3], T[..., :3, 3]
+    Rt, pt = T_target[..., :3, :3], T_target[..., :3, 3]
+    if frame == "local":
+        RT = R.transpose(-1, -2)
+        return se3_log(RT @ Rt, (RT @ (pt - p)[..., None])[..., 0])
+    if frame == "split":
+        return torch.cat([pt - p, so3_log(Rt @ R.transpose(-1, -2))], dim=-1)
+    raise OptionError(f"pose_error: unknown frame {frame!r}; choose from ('local', 'split')")
 
 
 def homogeneous(R: Tensor, p: Tensor) -> Tensor:

@@ -26,6 +26,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .pgs_native import native_sweeps
+
 __all__ = ["PGSResult", "pgs"]
 
 
@@ -151,7 +153,7 @@ class _ImplicitPGS(torch.autograd.Function):
 
 
 def pgs(A: Tensor, c: Tensor, mu: Tensor, *, iterations: int = 50, tol: float = 1e-9,
-        check_every: int = 4, lam0: Tensor | None = None) -> PGSResult:
+        check_every: int = 4, lam0: Tensor | None = None, native: bool = True) -> PGSResult:
     """Solve the contact problem above by projected Gauss-Seidel.
 
     Args:
@@ -162,6 +164,8 @@ def pgs(A: Tensor, c: Tensor, mu: Tensor, *, iterations: int = 50, tol: float = 
         tol: stop when no impulse changed by more than ``tol`` times the largest impulse (plus
             ``tol`` N s) in a sweep (checked every ``check_every`` sweeps).
         lam0: optional (B, K, 3) starting impulses (a warm start, e.g. the previous step's).
+        native: run the sweeps in C on the CPU where possible (:mod:`.pgs_native`; each
+            environment then stops on its own when converged), else in torch.
 
     Returns:
         :class:`PGSResult`; ``lam`` is differentiable w.r.t. ``A``, ``c`` and ``mu`` (implicit
@@ -172,8 +176,10 @@ def pgs(A: Tensor, c: Tensor, mu: Tensor, *, iterations: int = 50, tol: float = 
     if K == 0:
         return PGSResult(c.new_zeros(B, 0, 3), 0, 0.0)
     with torch.no_grad():
-        lam, it, residual = _sweeps(A.detach(), c.detach(), mu.detach(), iterations, tol, check_every,
-                                    None if lam0 is None else lam0.detach())
+        args = (A.detach(), c.detach(), mu.detach(), iterations, tol, check_every,
+                None if lam0 is None else lam0.detach())
+        out = native_sweeps(*args) if native else None
+        lam, it, residual = out if out is not None else _sweeps(*args)
     if A.requires_grad or c.requires_grad or mu.requires_grad:
         lam = _ImplicitPGS.apply(lam, A, c, mu)
     return PGSResult(lam, it, residual)

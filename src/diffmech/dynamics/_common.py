@@ -635,8 +635,8 @@ TINY_SUM = 512
 
 def tree_sum(mask: Tensor, x: Tensor) -> Tensor:
     """``y[i] = sum_j mask[i, j] x[j]`` for ``x (n, ..., B)``: one GEMM over all trailing dims."""
-    n, m = x.shape[0], mask.shape[0]
-    flat = x.reshape(n, -1)
+    m = mask.shape[0]
+    flat = x.flatten(1)  # not reshape(len(x), -1): x is empty for a lone free body
     if TINY_SUM < m * flat.numel() <= SMALL_SUM and not torch.compiler.is_compiling():
         return (mask[:, :, None] * flat).sum(1).reshape(m, *x.shape[1:])
     return (mask @ flat).reshape(m, *x.shape[1:])

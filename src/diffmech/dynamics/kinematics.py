@@ -12,7 +12,8 @@ from ..model.tree import KinematicTree
 from ._common import TreeState, as_state, bind, generalized_force, joint_q, masks, tree_state
 from .free_flyer import free_flyer_integrate
 
-__all__ = ["forward_kinematics", "link_pose", "jacobian", "center_of_mass", "integrate", "link_placements"]
+__all__ = ["forward_kinematics", "link_pose", "jacobian", "poses_and_world_jacobians", "center_of_mass", "integrate",
+           "link_placements"]
 
 FRAMES = ("world_aligned", "local", "world")
 
@@ -35,28 +36,58 @@ def link_placements(tree: KinematicTree, ts: TreeState) -> tuple[Tensor, Tensor]
     return R, p
 
 
-def forward_kinematics(robot: RobotParameters, q: Tensor) -> Tensor:
+def forward_kinematics(robot: RobotParameters, q: Tensor, *, form: str = "matrix"):
     """World poses of all links.
 
     Args:
         q: (..., nq) configuration.
+        form: how each pose comes back (see :func:`link_pose`): ``"matrix"`` (default),
+            ``"pos_quat"`` or ``"pos_rot"``.
 
     Returns:
-        (..., n_links, 4, 4) homogeneous transforms ``T_world_link`` in ``robot.link_names`` order.
+        ``"matrix"``: (..., n_links, 4, 4) homogeneous transforms ``T_world_link`` in
+        ``robot.link_names`` order; ``"pos_quat"``: ``(pos (..., n_links, 3), quat (..., n_links, 4))``
+        with quaternions ``(x, y, z, w)``, ``w >= 0``; ``"pos_rot"``: ``(pos, R (..., n_links, 3, 3))``.
     """
+    _check_form(form)
     flat, batch = as_state(robot, [("q", q, robot.nq)])
     tree, mt = bind(robot, flat[0])
     R, p = link_placements(tree, tree_state(tree, mt, joint_q(tree, flat[0])))
-    return spatial.homogeneous(R, p).reshape(*batch, robot.n_links, 4, 4)
+    return _as_form(R.reshape(*batch, robot.n_links, 3, 3), p.reshape(*batch, robot.n_links, 3), form)
 
 
-def link_pose(robot: RobotParameters, q: Tensor, link: str | int) -> Tensor:
-    """World pose ``T_world_link (..., 4, 4)`` of one link."""
+def link_pose(robot: RobotParameters, q: Tensor, link: str | int, *, form: str = "matrix"):
+    """World pose of one link.
+
+    Args:
+        q: (..., nq) configuration.
+        link: link name or index.
+        form: ``"matrix"`` (default): ``T_world_link (..., 4, 4)``; ``"pos_quat"``: the link origin
+            ``pos (..., 3)`` (m, world frame) and its orientation ``quat (..., 4)`` as ``(x, y, z, w)``
+            with ``w >= 0``; ``"pos_rot"``: ``pos (..., 3)`` and the rotation ``R (..., 3, 3)``.
+    """
+    _check_form(form)
     li = robot.tree.link(link)
     flat, batch = as_state(robot, [("q", q, robot.nq)])
     tree, mt = bind(robot, flat[0])
     R, p = _one_link(tree, tree_state(tree, mt, joint_q(tree, flat[0])), li)
-    return spatial.homogeneous(R, p).reshape(*batch, 4, 4)
+    return _as_form(R.reshape(*batch, 3, 3), p.reshape(*batch, 3), form)
+
+
+FORMS = ("matrix", "pos_quat", "pos_rot")
+
+
+def _check_form(form: str) -> None:
+    if form not in FORMS:
+        raise OptionError(f"unknown pose form {form!r}; choose from {FORMS}")
+
+
+def _as_form(R: Tensor, p: Tensor, form: str):
+    if form == "matrix":
+        return spatial.homogeneous(R, p)
+    if form == "pos_quat":
+        return p, spatial.matrix_to_quat(R)
+    return p, R
 
 
 def _one_link(tree: KinematicTree, ts: TreeState, li: int) -> tuple[Tensor, Tensor]:
@@ -120,6 +151,37 @@ def jacobian(
             Rt = R.transpose(-1, -2)[:, None]
             J = torch.cat([(Rt @ J[..., :3, None])[..., 0], (Rt @ J[..., 3:, None])[..., 0]], dim=-1)
     return generalized_force(tree, J.transpose(-1, -2)).reshape(*batch, 6, robot.nv)
+
+
+def poses_and_world_jacobians(robot: RobotParameters, q: Tensor, links) -> tuple[Tensor, Tensor]:
+    """World poses of all links and ``frame="world"`` Jacobians of some, from one kinematics pass.
+
+    What a contact step needs for several touching links at once (one :func:`jacobian` call per
+    link would repeat the kinematics each time). The velocity of a point ``x`` (world coordinates)
+    fixed to link ``i`` is ``J[..., i, :3, :] qd + (J[..., i, 3:, :] qd) x x``.
+
+    Args:
+        q: (..., nq) configuration.
+        links: sequence of link names or indices.
+
+    Returns:
+        ``(T (..., n_links, 4, 4), J (..., len(links), 6, nv))``: ``T_world_link`` in
+        ``robot.link_names`` order and, per link asked, the spatial velocity Jacobian at the world
+        origin in world axes (rows linear; angular).
+    """
+    idx = [robot.tree.link(link) for link in links]
+    flat, batch = as_state(robot, [("q", q, robot.nq)])
+    tree, mt = bind(robot, flat[0])
+    qf = joint_q(tree, flat[0])
+    ts = tree_state(tree, mt, qf)
+    R, p = link_placements(tree, ts)
+    T = spatial.homogeneous(R, p).reshape(*batch, robot.n_links, 4, 4)
+    mask_bd, _ = masks(tree, qf)
+    S = ts.S.permute(2, 1, 0)  # (B, 6, nv of the tree)
+    rows = torch.stack([mask_bd[tree.link_body[i]] if tree.link_body[i] >= 0 else torch.zeros_like(mask_bd[0])
+                        for i in idx]) if idx else mask_bd.new_zeros(0, S.shape[-1])
+    J = S[:, None] * rows[None, :, None, :]  # (B, L, 6, nv of the tree)
+    return T, generalized_force(tree, J).reshape(*batch, len(idx), 6, robot.nv)
 
 
 def center_of_mass(robot: RobotParameters, q: Tensor) -> Tensor:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ..errors import ModelError
 
-__all__ = ["Shape", "collision_shapes", "set_collision_shapes", "KINDS"]
+__all__ = ["Shape", "collision_shapes", "contact_coefficients", "set_collision_shapes", "KINDS"]
 
 KINDS = {"sphere": 1, "box": 3, "cylinder": 2, "capsule": 2}
 
@@ -118,6 +118,34 @@ def collision_shapes(robot) -> dict[str, list[Shape]]:
                     out.setdefault(link, []).append(shape)
         meta["collision"] = out
     return meta["collision"]
+
+
+def contact_coefficients(robot) -> dict[str, dict[str, float]]:
+    """Friction and restitution of each link from the URDF's ``<contact>`` elements (PyBullet's
+    extension: ``<lateral_friction value=...>``, ``<restitution value=...>``), ``{link: {"friction":
+    f, "restitution": e}}`` with only the values present; links without them absent. A
+    :class:`~diffmech.sim.Scene` uses them for the pairs its ``pairs`` argument does not set."""
+    from lxml import etree
+
+    out: dict[str, dict[str, float]] = {}
+    for link, elements in robot.meta.get("urdf", {}).get("geometry", {}).items():
+        for xml in elements:
+            if not xml.lstrip().startswith("<contact"):
+                continue
+            el = etree.fromstring(xml)
+            for tag, key in (("lateral_friction", "friction"), ("restitution", "restitution")):
+                sub = el.find(tag)
+                if sub is None or sub.get("value") is None:
+                    continue
+                try:
+                    val = float(sub.get("value"))
+                except ValueError:
+                    val = float("nan")
+                if not (0 <= val < float("inf")):
+                    raise ModelError(f"{robot.name}: link {link!r}: <contact><{tag} value={sub.get('value')!r}> "
+                                     "must be a non-negative number")
+                out.setdefault(link, {})[key] = val
+    return out
 
 
 def set_collision_shapes(robot, link: str, shapes: Shape | list[Shape] | None) -> None:

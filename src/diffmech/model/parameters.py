@@ -722,11 +722,17 @@ class RobotParameters(PhysicalValues, nn.Module):
                 ``damping``, ``friction``, ``stiffness``, ``rest`` (of the joint whose child is
                 ``link``). differentiable-robot-model's names (``inertia_mat``, ``trans``,
                 ``rot_angles``, ``joint_damping``) are accepted too.
-            parametrization: optional ``nn.Module`` mapping an unconstrained tensor to the
-                parameter (e.g. :class:`diffmech.model.params.PositiveScalar`); it is registered
-                with ``torch.nn.utils.parametrize``, and its ``right_inverse`` (if any) sets the
-                initial value from the current one.
+            parametrization: optional ``nn.Module``, either a parametrization mapping an
+                unconstrained tensor to the parameter (``forward(raw)``, e.g.
+                :class:`diffmech.model.params.PositiveScalar`; registered with
+                ``torch.nn.utils.parametrize``, its ``right_inverse`` (if any) sets the initial value
+                from the current one), or a *value source* whose ``forward()`` takes no argument and
+                returns the value itself (differentiable-robot-model's parametrizations,
+                :mod:`diffmech.compat.drm`): its own tensors are trained and the value starts where
+                the source starts (:class:`diffmech.model.params.ValueSource`).
         """
+        from .params import ValueSource, is_value_source
+
         module, name = self.param_owner(link, name)
         if name in LINK_PARAMS and getattr(module, "inertial_source", None) is not None:
             raise ModelError(
@@ -740,6 +746,13 @@ class RobotParameters(PhysicalValues, nn.Module):
             del module._buffers[name]
         elif name in module._parameters:
             del module._parameters[name]
+        if parametrization is not None and is_value_source(parametrization):
+            # The frozen current value stays as the parametrization's (unused) original buffer.
+            module.register_buffer(name, value)
+            what = f"{self.name}: link '{self.link_names[self.tree.link(link)]}': {name}"
+            source = ValueSource(parametrization.to(device=value.device), value.shape, what)
+            parametrize.register_parametrization(module, name, source)
+            return
         module.register_parameter(name, nn.Parameter(value))
         if parametrization is not None:
             parametrize.register_parametrization(module, name, parametrization)
@@ -774,9 +787,47 @@ class RobotParameters(PhysicalValues, nn.Module):
     freeze_learnable_link_param = freeze_link_param
     unfreeze_learnable_link_param = unfreeze_link_param
 
-    def learnable_parameters(self) -> dict[str, Tensor]:
-        """Trainable tensors by qualified name (``links.3.mass``, ...)."""
-        return {n: p for n, p in self.named_parameters() if p.requires_grad}
+    def learnable_parameters(self, readable: bool = False) -> dict[str, Tensor]:
+        """Trainable tensors by name.
+
+        Args:
+            readable: ``False`` (default): qualified module names (``links.3.mass``,
+                ``links.3.parametrizations.mass.original``, ``links.3.inertial_source.theta``), the
+                keys of ``state_dict`` and ``torch.func.functional_call``. ``True``: names after the
+                link or joint -- ``iiwa_link_3.mass`` (a learnable value), ``iiwa_link_3.mass.raw``
+                (the unconstrained tensor of a parametrization), ``iiwa_joint_2.origin_xyz``,
+                ``iiwa_link_3.inertial.theta`` (an inertial source), ``iiwa_link_1.mass.l`` (the
+                tensors of a value source or of a parametrization's own modules), ``gravity``.
+        """
+        named = ((n, p) for n, p in self.named_parameters() if p.requires_grad)
+        if not readable:
+            return dict(named)
+        return {self._readable_name(n): p for n, p in named}
+
+    def _readable_name(self, qualified: str) -> str:
+        parts = qualified.split(".")
+        owner: nn.Module = self
+        if len(parts) > 2 and parts[0] in ("links", "joints") and parts[1].isdigit():
+            k = int(parts[1])
+            head = [self.link_names[k] if parts[0] == "links" else self.all_joint_names[k]]
+            owner, rest = getattr(self, parts[0])[k], parts[2:]
+        else:
+            head, rest = [], parts
+        if len(rest) >= 3 and rest[0] == "parametrizations":
+            plist = owner.parametrizations[rest[1]]
+            tail = rest[2:]
+            if tail[0].startswith("original"):
+                tail = ["raw" + tail[0][len("original"):]] + tail[1:]
+            elif tail[0].isdigit():
+                step = plist[int(tail[0])]
+                tail = tail[1:] if len(plist) == 1 else [f"step{tail[0]}"] + tail[1:]
+                skip = getattr(step, "_readable_skip", None)
+                if skip is not None and tail and tail[0] == skip:
+                    tail = tail[1:]
+            rest = [rest[1]] + tail
+        elif rest and rest[0] == "inertial_source":
+            rest = ["inertial"] + rest[1:]
+        return ".".join(head + rest)
 
     def set_gravity(self, gravity) -> None:
         """Set the gravity vector (3,), m/s^2, world frame."""

@@ -22,6 +22,8 @@ IEEE Robotics and Automation Letters 7(2), 2022, pp. 2771-2778.
 
 from __future__ import annotations
 
+import inspect
+import math
 from collections.abc import Sequence
 
 import torch
@@ -30,6 +32,8 @@ from torch import Tensor, nn
 from ..errors import ModelError
 
 __all__ = [
+    "ValueSource",
+    "is_value_source",
     "PositiveScalar",
     "SymmetricPositiveDefinite",
     "PhysicallyConsistentInertial",
@@ -81,6 +85,63 @@ def _upper_cholesky(A: Tensor) -> tuple[Tensor, Tensor]:
     """
     L, info = torch.linalg.cholesky_ex(_flip(A))
     return _flip(L), info
+
+
+# ---------------------------------------------------------------------------- value sources
+def is_value_source(module: nn.Module) -> bool:
+    """Whether ``module`` computes a value by itself: its ``forward`` takes no required argument
+    (differentiable-robot-model's style, ``PositiveScalar()()``), unlike a parametrization, which
+    maps a raw tensor to the value (``forward(raw)``)."""
+    try:
+        sig = inspect.signature(module.forward)
+    except (TypeError, ValueError):
+        return False
+    return not any(
+        p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        for p in sig.parameters.values()
+    )
+
+
+class ValueSource(nn.Module):
+    """A module that produces a parameter's value by itself, installed as its parametrization.
+
+    ``robot.make_link_param_learnable(link, name, source)`` with a ``source`` whose ``forward()``
+    takes no argument wraps it in this class: the parameter's value is ``source()`` reshaped to the
+    parameter's shape (``(1,)`` or ``(1, 3)`` outputs are accepted for a scalar or a 3-vector) and cast
+    to the model's dtype; the source's own tensors are the trainable ones. Unlike a parametrization
+    with ``right_inverse``, the value starts where the source starts (its own initialisation), not at
+    the parameter's current value.
+
+    Args:
+        source: the module; ``source()`` returns a tensor with as many elements as the parameter.
+        shape: the parameter's shape (``()`` for a mass, ``(3,)``, ``(3, 3)``).
+        what: a name for error messages (``"link 'iiwa_link_1': mass"``).
+    """
+
+    # learnable_parameters(readable=True) leaves this child's name out: "iiwa_link_1.mass.l".
+    _readable_skip = "source"
+    # Loading a state dict cannot set the value through it (no right_inverse); see persistence.
+    computes_value = True
+
+    def __init__(self, source: nn.Module, shape: Sequence[int], what: str = "parameter"):
+        super().__init__()
+        self.source = source
+        self.shape = tuple(int(n) for n in shape)
+        self.what = what
+
+    def forward(self, current: Tensor) -> Tensor:
+        """``current`` (the frozen tensor the value replaces) gives only the dtype; -> ``source()``."""
+        value = self.source()
+        if not isinstance(value, Tensor) or value.numel() != math.prod(self.shape):
+            raise ModelError(
+                f"{self.what}: {type(self.source).__name__}() returned "
+                f"{tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__}, "
+                f"expected {math.prod(self.shape)} values for shape {self.shape}"
+            )
+        return value.reshape(self.shape).to(current.dtype)
+
+    def extra_repr(self) -> str:
+        return f"shape={self.shape}"
 
 
 # ---------------------------------------------------------------------------- single-tensor parametrizations

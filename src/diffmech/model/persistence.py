@@ -114,8 +114,14 @@ class PhysicalValues:
             return True  # incomplete: torch reports the missing keys
         current = [getattr(plist, k) for k in names]
         raws = [sd[rp + k].to(dtype=c.dtype, device=c.device) for k, c in zip(names, current)]
+        # A parametrization with tensors of its own (a value source, a learned map) is evaluated
+        # with the saved ones, which are what loading restores.
+        own = {k[len(rp):]: t for k, t in sd.items() if k.startswith(rp) and k[len(rp):] not in names}
         with torch.no_grad():
             try:
+                if own:
+                    plist = copy.deepcopy(plist)
+                    plist.load_state_dict(own, strict=False)
                 x = plist[0](*raws)
                 for m in list(plist)[1:]:
                     x = m(x)
@@ -135,6 +141,11 @@ class PhysicalValues:
         new = value.to(dtype=first.dtype, device=first.device)
         with torch.no_grad():
             for m in reversed(list(plist)):
+                if getattr(m, "computes_value", False):
+                    source = type(getattr(m, "source", m)).__name__
+                    raise ModelError(f'loading "{key}": this model computes the value with {source}, which cannot be '
+                                     "set from a value (load the values before making the parameter learnable, or "
+                                     "save from a model made learnable the same way)")
                 if hasattr(m, "right_inverse"):
                     try:
                         new = m.right_inverse(new)

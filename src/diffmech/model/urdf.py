@@ -179,8 +179,8 @@ def _resolve_file(filename: str, base: str | None) -> str:
 
 
 def _keep_geometry(root, base: str | None) -> dict:
-    """The ``<visual>``/``<collision>`` elements of each link and the top-level ``<material>``
-    elements, as XML text with absolute mesh and texture paths (what ``RobotModel.to_urdf`` writes
+    """The ``<visual>``/``<collision>``/``<contact>`` elements of each link and the top-level
+    ``<material>`` elements, as XML text with absolute mesh and texture paths (what ``RobotModel.to_urdf`` writes
     back and what viewers read)."""
     from lxml import etree
 
@@ -193,7 +193,7 @@ def _keep_geometry(root, base: str | None) -> dict:
 
     links = {}
     for link in root.findall("link"):
-        els = [text(el) for el in link if el.tag in ("visual", "collision")]
+        els = [text(el) for el in link if el.tag in ("visual", "collision", "contact")]
         if els:
             links[link.get("name")] = els
     return {"geometry": links, "materials": [text(m) for m in root.findall("material")]}

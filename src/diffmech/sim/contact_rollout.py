@@ -2,9 +2,9 @@
 
 ``adjoint="checkpoint"`` stores the states ``(q_k, v_k)`` only; the backward pass walks the steps in
 reverse, recomputes step ``k`` under autograd from the stored state and back-propagates the
-adjoint through it (the contact solve's iterations included), so memory is ``steps x state`` (plus
-each step's warm-start impulses, ``steps x contacts x 3``) and one step's graph. The solver of each
-step starts from the previous step's impulses (held constant for the gradient).
+adjoint through it (the contact impulses differentiated implicitly at the solver's solution), so
+memory is ``steps x state`` (plus each step's warm-start impulses, ``steps x contacts x 3``) and
+one step's graph. The solver of each step starts from the previous step's impulses.
 ``adjoint="autograd"`` keeps the graph of the whole loop.
 """
 
@@ -128,6 +128,15 @@ def _probe(policy, q0: Tensor, v0: Tensor, batch, scene: Scene, ps: list[Tensor]
                               "an nn.Module policy's parameters nor listed in params=: pass them in params=")
 
 
+def _batch_of(*named, tau_shape=None) -> torch.Size:
+    try:
+        return torch.broadcast_shapes(*(shape for _, shape in named))
+    except RuntimeError:
+        desc = ", ".join(f"{n} {tuple(shape)}" for n, shape in named)
+        hint = f" (tau is (..., T, nv) with the batch dims first; got {tau_shape})" if tau_shape else ""
+        raise ShapeError(f"rollout: the batch dims do not broadcast: {desc}{hint}") from None
+
+
 def scene_rollout(
     scene: Scene,
     q0: Tensor,
@@ -154,7 +163,7 @@ def scene_rollout(
     if q0.shape[-1] != scene.nq or v0.shape[-1] != scene.nv:
         raise ShapeError(f"rollout: the scene has nq={scene.nq}, nv={scene.nv}; got q0 {tuple(q0.shape)}, "
                          f"v0 {tuple(v0.shape)}")
-    batch = torch.broadcast_shapes(q0.shape[:-1], v0.shape[:-1])
+    batch = _batch_of(("q0", q0.shape[:-1]), ("v0", v0.shape[:-1]))
     policy = tau if callable(tau) and not isinstance(tau, Tensor) else None
     if policy is None:
         if tau.dim() < 2 or tau.shape[-1] != scene.nv:
@@ -162,7 +171,7 @@ def scene_rollout(
         if steps is not None and steps != tau.shape[-2]:
             raise ShapeError(f"rollout: steps={steps} but tau has {tau.shape[-2]} steps")
         T = tau.shape[-2]
-        batch = torch.broadcast_shapes(batch, tau.shape[:-2])
+        batch = _batch_of(("q0 and v0", batch), ("tau", tau.shape[:-2]), tau_shape=tuple(tau.shape))
     else:
         if steps is None:
             raise ShapeError("rollout: a policy needs steps=")

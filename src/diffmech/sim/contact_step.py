@@ -29,6 +29,7 @@ from torch import Tensor
 from ..contact import geometry as geo
 from ..contact.pgs import pgs
 from ..dynamics._jacobian import JACOBIAN_MAX_BATCH, one_thread
+from ..dynamics.kinematics import poses_and_world_jacobians
 from ..errors import ModelError
 from ..spatial import quat_to_matrix, rpy_to_matrix, skew
 from .scene import GROUND, Scene
@@ -122,21 +123,35 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
     dtype = q.dtype
     names = scene.names
     qs, vs, ts = scene.split(q, "q"), scene.split(v, "v"), scene.split(tau, "v")
-    chol, vfree, poses = {}, {}, {}
+    chol, vfree, poses, jac_world = {}, {}, {}, {}
     for n in names:
         m = scene.models[n]
         M = m.mass_matrix(qs[n])
+        f = ts[n] - m.bias_forces(qs[n], vs[n])
+        if n in scene.drives:
+            # Linearly implicit spring-damper: kp (q_ref - q1) - kd v1 with q1 = q + dt v1, so
+            # (M + dt kd + dt^2 kp) a = f + kp (q_ref - q) - (kd + dt kp) v on the joint rows.
+            kp, kd, ref = scene.drives[n]
+            nj = kp.shape[0]
+            qj, vj = qs[n][..., m.nq - nj:], vs[n][..., m.nv - nj:]
+            fj = kp * (ref - qj) - (kd + dt * kp) * vj
+            f = torch.cat([f[..., :m.nv - nj], f[..., m.nv - nj:] + fj], -1)
+            extra = torch.nn.functional.pad(dt * kd + dt * dt * kp, (m.nv - nj, 0))
+            M = M + torch.diag_embed(extra)
         L, bad = torch.linalg.cholesky_ex(M)
         if bool(bad.any()):
             raise ModelError(f"Scene model {n!r}: the mass matrix is not positive definite (a massless moving link?)")
         chol[n] = L
-        acc = torch.cholesky_solve((ts[n] - m.bias_forces(qs[n], vs[n]))[..., None], L)[..., 0]
+        acc = torch.cholesky_solve(f[..., None], L)[..., 0]
         if m.floating_base:  # base translation in world axes at step k (see _advance)
             w, vl = vs[n][..., 3:6], vs[n][..., :3]
             acc = torch.cat([acc[..., :3] + torch.linalg.cross(w, vl), acc[..., 3:]], -1)
         vfree[n] = vs[n] + dt * acc
-        if scene.shapes[n]:
-            poses[n] = m.forward_kinematics(qs[n])
+        if scene.shapes[n]:  # poses of all links and world Jacobians of the shaped ones, one pass
+            shaped = list(scene.shapes[n])
+            poses[n], Jw = poses_and_world_jacobians(m, qs[n], shaped)
+            for k, link in enumerate(shaped):
+                jac_world[(n, link)] = Jw[:, k]
     v_free = torch.cat([vfree[n] for n in names], -1)
 
     # shapes in the world
@@ -158,7 +173,8 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
         if scene.ground:
             low = (p[:, 2] - s.bounding_radius).amin()
             if float(low.detach()) < reach:
-                groups.append((geo.plane_candidates(s.kind, s.size, R, p), (n, link), None, (n, GROUND), (i, -1)))
+                groups.append((geo.plane_candidates(s.kind, s.size, R, p), (n, link), None, (n, GROUND, link, None),
+                           (i, -1)))
     for i in range(len(items)):
         for j in range(i + 1, len(items)):
             na, la, sa, Ra, pa = items[i]
@@ -171,25 +187,18 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
             if "cylinder" in (sa.kind, sb.kind):
                 raise ModelError(f"Scene: a cylinder touches only the ground; {na}/{la} ({sa.kind}) and "
                                  f"{nb}/{lb} ({sb.kind}) came within {float(gap.amin()):.3g} m")
-            groups.append((_pair(sa.kind, sa.size, Ra, pa, sb.kind, sb.size, Rb, pb), (na, la), (nb, lb), (na, nb),
-                           (i, j)))
+            groups.append((_pair(sa.kind, sa.size, Ra, pa, sb.kind, sb.size, Rb, pb), (na, la), (nb, lb),
+                           (na, nb, la, lb), (i, j)))
 
-    # Jacobians of the points involved
-    jac_cache: dict[tuple[str, str], tuple[Tensor, Tensor]] = {}
-
-    def point_jac(body, pts):  # pts (B, k, 3) -> (B, k, 3, nv) of the scene
-        n, link = body
-        if body not in jac_cache:
-            m = scene.models[n]
-            li = m.link_names.index(link)
-            jac_cache[body] = (m.jacobian(qs[n], link), poses[n][:, li, :3, 3])
-        J6, o = jac_cache[body]
-        Jp = J6[:, None, :3] - skew(pts - o[:, None]) @ J6[:, None, 3:]
+    def point_jac(body, pts):  # pts (B, k, 3) world -> (B, k, 3, nv) of the scene
+        n, _ = body
+        Jw = jac_world[body]  # spatial velocity at the world origin: v(x) = v_o + w x x
+        Jp = Jw[:, None, :3] - skew(pts) @ Jw[:, None, 3:]
         sl = scene.vslices[n]
         return torch.nn.functional.pad(Jp, (sl.start, scene.nv - sl.stop))
 
     rows, phis, mus, es, keys = [], [], [], [], []
-    for cand, a, b, (ma, mb), gkey in groups:
+    for cand, a, b, (ma, mb, la, lb), gkey in groups:
         Jrel = point_jac(a, cand.point)
         if b is not None:
             Jrel = Jrel - point_jac(b, cand.point)
@@ -204,7 +213,7 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
         basis = torch.stack([nrm, t1, t2], dim=-2)  # (B, k, 3, 3)
         rows.append(basis @ J)
         phis.append(phi)
-        mu, e = scene.coefficients(ma, mb)
+        mu, e = scene.coefficients(ma, mb, la, lb)
         mus.append(torch.as_tensor(mu, dtype=dtype, device=q.device).expand(B, len(idx)))
         es.append(torch.as_tensor(e, dtype=dtype, device=q.device).expand(B, len(idx)))
     if scene.limits:

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import ModelError, ShapeError
-from ..model.collision import collision_shapes
+from ..model.collision import collision_shapes, contact_coefficients
 from ..robot import RobotModel
 
 __all__ = ["Scene", "GROUND"]
@@ -50,7 +50,9 @@ class Scene(nn.Module):
             requires grad receives gradients through a rollout).
         restitution: coefficient of restitution of every pair (0: plastic, 1: elastic), likewise.
         pairs: per pair of names, ``{("ball", "ground"): {"friction": 0.0, "restitution": 0.5}}``
-            (order of the two names does not matter).
+            (order of the two names does not matter). Where a pair is not listed, a link's URDF
+            ``<contact>`` values (``lateral_friction``, ``restitution``) apply to its contacts
+            (the larger of two links' values), else ``friction`` and ``restitution``.
         limits: enforce the URDF joint position limits as unilateral constraints.
         self_collision: test shapes of one model against each other (links that share a joint
             excluded).
@@ -58,6 +60,13 @@ class Scene(nn.Module):
         tol: the solver stops when no impulse changes by more than ``tol`` (relative) in a sweep.
         baumgarte: fraction of a penetration removed per step (by a separating velocity).
         bounce_speed: restitution applies to impacts faster than this, m/s (slower ones settle).
+        drives: joint-level spring-dampers that are part of the scene (position-controlled
+            actuators, a quadruped holding its pose): ``{model name: {"stiffness": kp, "damping":
+            kd, "target": q_ref}}``, adding ``kp (q_ref - q) - kd v`` to the joint forces of that
+            model's joints (not its floating base). ``kp`` (N m/rad) and ``kd`` (N m s/rad) are
+            numbers or ``(nj,)`` tensors, ``q_ref`` an ``(nj,)`` tensor (default: the neutral
+            configuration); tensors that require grad receive gradients through a rollout. Both
+            terms are integrated implicitly in the velocity (stable for any gains at any ``dt``).
 
     Attributes:
         names: the models' names, in the order of their coordinates.
@@ -68,7 +77,7 @@ class Scene(nn.Module):
 
     def __init__(self, models, *, ground: bool = True, friction=0.5, restitution=0.0, pairs=None,
                  limits: bool = True, self_collision: bool = False, iterations: int = 50, tol: float = 1e-9,
-                 baumgarte: float = 0.2, bounce_speed: float = 1e-2):
+                 baumgarte: float = 0.2, bounce_speed: float = 1e-2, drives=None):
         super().__init__()
         if isinstance(models, RobotModel):
             models = [models]
@@ -121,6 +130,10 @@ class Scene(nn.Module):
         self.iterations, self.tol = int(iterations), float(tol)
         self.baumgarte, self.bounce_speed = float(baumgarte), float(bounce_speed)
         self.shapes = {n: collision_shapes(m) for n, m in items}
+        self.link_coefficients = {n: contact_coefficients(m) for n, m in items}
+        self.drives: dict[str, tuple[Tensor, Tensor, Tensor]] = {}
+        for n, spec in (drives or {}).items():
+            self.drives[n] = self._drive(n, spec)
 
     # ------------------------------------------------------------------ state
     @property
@@ -150,14 +163,54 @@ class Scene(nn.Module):
             raise ShapeError(f"Scene: {which} must have {n} entries in its last dimension, got shape {tuple(x.shape)}")
         return {k: x[..., s] for k, s in sl.items()}
 
-    def coefficients(self, a: str, b: str) -> tuple[Tensor | float, Tensor | float]:
-        """``(friction, restitution)`` of the pair ``(a, b)`` (model names or ``"ground"``)."""
+    def _drive(self, name: str, spec) -> tuple[Tensor, Tensor, Tensor]:
+        where = f"Scene drives[{name!r}]"
+        if name not in self.names:
+            raise ModelError(f"{where}: no model of that name (models: {self.names})")
+        if not isinstance(spec, Mapping) or set(spec) - {"stiffness", "damping", "target"}:
+            raise ModelError(f"{where}: expected a dict with keys stiffness, damping, target; got {spec!r}")
+        m = self.models[name]
+        off_q, off_v = (7, 6) if m.floating_base else (0, 0)
+        nj = m.nv - off_v
+        if nj == 0 or m.nq - off_q != nj:
+            raise ModelError(f"{where}: drives need one coordinate per joint velocity (revolute / prismatic "
+                             f"joints); {name!r} has {m.nq - off_q} joint coordinates and {nj} joint velocities")
+        opts = dict(dtype=m.dtype, device=m.device)
+        out = []
+        for key, default in (("stiffness", 0.0), ("damping", 0.0),
+                             ("target", m.neutral_configuration()[off_q:])):
+            val = spec.get(key, default)
+            t = val if isinstance(val, Tensor) else torch.as_tensor(val, **opts)
+            if t.dim() == 0:
+                t = t.expand(nj)
+            if t.shape != (nj,) or not torch.isfinite(t.detach()).all():
+                raise ModelError(f"{where}: {key} must be a finite number or a ({nj},) tensor (one per joint of "
+                                 f"{name!r}), got shape {tuple(t.shape)}")
+            if key != "target" and bool((t.detach() < 0).any()):
+                raise ModelError(f"{where}: {key} must be non-negative, got {t.detach().tolist()}")
+            out.append(t.to(**opts))
+        return tuple(out)
+
+    def coefficients(self, a: str, b: str, link_a: str | None = None, link_b: str | None = None
+                     ) -> tuple[Tensor | float, Tensor | float]:
+        """``(friction, restitution)`` of the pair ``(a, b)`` (model names or ``"ground"``), for
+        contacts of the links ``link_a`` of ``a`` and ``link_b`` of ``b`` when given: ``pairs``
+        first, then the links' URDF ``<contact>`` values (the larger of the two), then the scene's."""
         over = self.pairs.get(frozenset((a, b)), {})
-        return over.get("friction", self.friction), over.get("restitution", self.restitution)
+        out = []
+        for key, default in (("friction", self.friction), ("restitution", self.restitution)):
+            if key in over:
+                out.append(over[key])
+                continue
+            vals = [self.link_coefficients.get(m, {}).get(link, {}).get(key) for m, link in ((a, link_a), (b, link_b))]
+            vals = [v for v in vals if v is not None]
+            out.append(max(vals) if vals else default)
+        return out[0], out[1]
 
     def coefficient_tensors(self) -> list[Tensor]:
-        """The friction and restitution tensors that require grad (for the rollout's gradients)."""
+        """The friction, restitution and drive tensors that require grad (for the rollout's gradients)."""
         vals = [self.friction, self.restitution] + [v for d in self.pairs.values() for v in d.values()]
+        vals += [t for d in self.drives.values() for t in d]
         out, seen = [], set()
         for v in vals:
             if isinstance(v, Tensor) and v.requires_grad and id(v) not in seen:

@@ -7,15 +7,18 @@ Each function returns ``(scene, q0, v0)``: a :class:`~diffmech.sim.Scene` and it
 from __future__ import annotations
 
 import math
+import os
+import warnings
 
 import torch
 
-from ..model.collision import Shape, set_collision_shapes
+from ..errors import ModelError
+from ..model.collision import Shape, collision_shapes, set_collision_shapes
 from ..model.spec import JointSpec, LinkSpec, RobotSpec
 from ..robot import RobotModel
 from .scene import Scene
 
-__all__ = ["racecar", "golf"]
+__all__ = ["racecar", "golf", "laikago"]
 
 
 def _box_inertia(m, lx, ly, lz):
@@ -92,4 +95,46 @@ def golf(*, restitution: float = 0.5, friction: float = 0.3, dtype=torch.float64
     q0 = scene.neutral_configuration().clone()
     q0[0], q0[1] = 1.2, 0.6
     q0[2], q0[4] = 0.06, 0.025
+    return scene, q0, torch.zeros(scene.nv, dtype=dtype, device=device)
+
+
+def laikago(n: int = 1, *, stiffness: float = 1000.0, damping: float = 20.0, spacing: float = 1.0,
+            dtype=torch.float64, device=None):
+    """``n`` Laikago quadrupeds standing on the ground, side by side along ``y``.
+
+    The robot is PyBullet's ``laikago/laikago_toes_zup.urdf`` (from the ``pybullet_data`` package;
+    25.6 kg, 12 revolute joints, a floating base), its toes the only collision shapes (spheres of
+    radius 3 cm from the URDF; the meshes of the other links are not used for contact) with the
+    URDF's lateral friction 1.0. Each joint is held at its neutral angle (legs straight down) by a
+    spring-damper of the scene (``stiffness`` N m/rad, ``damping`` N m s/rad; see
+    :class:`~diffmech.sim.Scene`'s ``drives``), so under zero commanded torque the robots stand.
+
+    Returns:
+        ``(scene, q0, v0)``: models ``"laikago0"`` ... ``"laikago{n-1}"``, each standing with its
+        toes on the ground (chassis 0.518 m high), at rest.
+    """
+    if int(n) != n or n < 1:
+        raise ModelError(f"scenes.laikago: n must be a positive integer, got {n!r}")
+    try:
+        import pybullet_data
+    except ImportError:
+        raise ModelError("scenes.laikago needs the URDF from the pybullet_data package: pip install pybullet") from None
+    from ..robot import load_urdf
+
+    path = os.path.join(pybullet_data.getDataPath(), "laikago", "laikago_toes_zup.urdf")
+    models = {}
+    for i in range(int(n)):
+        with warnings.catch_warnings():  # the meshes it skips for contact are known: say nothing
+            warnings.simplefilter("ignore")
+            robot = load_urdf(path, floating_base=True, dtype=dtype, device=device)
+            collision_shapes(robot)
+        models[f"laikago{i}"] = robot
+    drives = {name: {"stiffness": stiffness, "damping": damping} for name in models}
+    scene = Scene(models, drives=drives)
+    q0 = scene.neutral_configuration().clone()
+    toe = 0.488 + 0.03  # toes 0.488 m below the chassis origin at the neutral angles, radius 3 cm
+    for i, name in enumerate(models):
+        sl = scene.slices[name]
+        q0[sl.start + 1] = i * spacing
+        q0[sl.start + 2] = toe
     return scene, q0, torch.zeros(scene.nv, dtype=dtype, device=device)
