@@ -371,8 +371,8 @@ class RobotParameters(PhysicalValues, nn.Module):
 
     Attributes:
         tree: the :class:`~diffmech.model.tree.KinematicTree` (immutable).
-        name, link_names, joint_names, all_joint_names, joint_types, nq, nv, nb, nj, floating_base,
-            link_body, link_parent, body_parent, body_depth: copies of the tree's.
+        name, link_names, joint_names, all_joint_names, joint_types, nq, nv: copies of the tree's, as
+            are nb, nj, floating_base, link_body, link_parent, body_parent and body_depth.
         links, joints: per-link :class:`LinkParams` and per-joint :class:`JointParams` (in the
             order of ``link_names`` and ``all_joint_names``).
         actuated_joints: the joints with actuators (default: all of ``joint_names``).

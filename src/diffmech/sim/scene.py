@@ -69,7 +69,10 @@ class Scene(nn.Module):
             terms are integrated implicitly in the velocity (stable for any gains at any ``dt``).
 
     Attributes:
-        names, nq, nv, slices, vslices, models (``nn.ModuleDict``).
+        names: the models' names, in the order of their coordinates.
+        nq, nv: sizes of the scene's ``q`` and ``v`` (the models' concatenated).
+        slices, vslices: ``{name: slice}`` of each model's coordinates in ``q`` and in ``v``.
+        models: the models (``nn.ModuleDict``).
     """
 
     def __init__(self, models, *, ground: bool = True, friction=0.5, restitution=0.0, pairs=None,
