@@ -125,7 +125,10 @@ def test_stack_of_three_boxes_rests_for_ten_seconds():
     # the first step settles the stack (its solve starts cold); after that no jitter grows
     assert ke.max() < 1e-4 and ke[100:].max() < 1e-8 and ke[-100:].max() <= ke[100:200].max()
     energy = ke + G * z.sum(-1)
-    assert energy[100:].max() <= energy[100] + 1e-9  # and the energy does not increase
+    # and the energy does not increase, beyond what the solver's tolerance allows: impulses of about
+    # m g dt = 0.1 N s met to 1e-9 relative move a box by ~1e-12 m a step, ~1e-9 m over the 900
+    # steps, i.e. ~3e-8 J of potential energy for the stack (measured: 3.5e-9 J, C sweeps)
+    assert energy[100:].max() <= energy[100] + 3e-8
 
 
 def _limited_pendulum(lower, upper):
