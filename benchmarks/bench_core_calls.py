@@ -29,7 +29,6 @@ import datetime
 import json
 import multiprocessing
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import _machine
 import _peers
 import diffmech
 from bench_dynamics import time_call
@@ -347,13 +347,7 @@ def bench_default_call(args) -> dict:
 
 # --------------------------------------------------------------------------- output
 def machine() -> dict:
-    model = platform.processor() or "unknown"
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout.splitlines():
-            if line.startswith("Model name:"):
-                model = line.split(":", 1)[1].strip()
-    except Exception:
-        pass
+    model = _machine.cpu_model()
     return {"date": datetime.datetime.now().isoformat(timespec="seconds"), "cpu": model, "cores": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "versions": _peers.versions(), "load_average": os.getloadavg()}
 

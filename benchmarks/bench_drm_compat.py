@@ -33,15 +33,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import importlib.metadata
 import io
 import json
 import logging
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -53,6 +50,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "src"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _markdown, when imported by a test
 
+import _machine  # noqa: E402
 from _markdown import publish, replace_section, stamp  # noqa: E402
 from diffmech.compat import drm as facade  # noqa: E402
 from diffmech.dynamics import kernels  # noqa: E402
@@ -178,27 +176,11 @@ def run_loop(loop: str, variant: str, data: dict, args) -> dict:
 
 
 def machine(threads: int) -> dict:
-    model = platform.processor() or "unknown"
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout.splitlines():
-            if line.startswith("Model name"):
-                model = line.split(":", 1)[1].strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
     try:
         drm_version = importlib.metadata.version("differentiable-robot-model")
     except importlib.metadata.PackageNotFoundError:
         drm_version = "n/a"
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
-                                timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src/diffmech", "benchmarks/bench_drm_compat.py"],
-                               capture_output=True, text=True, cwd=ROOT, timeout=10).stdout.strip() != ""
-    except (OSError, subprocess.SubprocessError):
-        commit, dirty = "", False
-    return {"cpu": model, "cores": os.cpu_count(), "torch": torch.__version__, "drm": drm_version, "threads": threads,
-            "python": platform.python_version(), "commit": commit + ("+dirty" if dirty else ""),
-            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+    return _machine.machine(ROOT, threads, ["src/diffmech", "benchmarks/bench_drm_compat.py"], drm=drm_version)
 
 
 def markdown(rep: dict) -> str:

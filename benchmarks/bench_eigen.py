@@ -32,10 +32,8 @@ with a tighter threshold until the high-accuracy error is under 1 cm.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -47,6 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "src"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _markdown, when imported by a test
 
+import _machine  # noqa: E402
 from _markdown import publish, replace_section, stamp  # noqa: E402
 from diffmech.control.configs import get_config  # noqa: E402
 from diffmech.control.eigenmodes import EigenmodeTrainer  # noqa: E402
@@ -253,24 +252,7 @@ def converge(lr: float, max_steps: int, log=print) -> dict:
 
 # ----------------------------------------------------------------------------- report
 def machine(threads: int) -> dict:
-    model = platform.processor() or "unknown"
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout.splitlines():
-            if line.startswith("Model name"):
-                model = line.split(":", 1)[1].strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
-                                timeout=10).stdout.strip()
-        files = ["src/diffmech/control", "benchmarks/bench_eigen.py"]
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", *files], capture_output=True, text=True,
-                               cwd=ROOT, timeout=10).stdout.strip() != ""
-    except (OSError, subprocess.SubprocessError):
-        commit, dirty = "", False
-    return {"cpu": model, "cores": os.cpu_count(), "torch": torch.__version__, "threads": threads,
-            "python": platform.python_version(), "commit": commit + ("+dirty" if dirty else ""),
-            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+    return _machine.machine(ROOT, threads, ["src/diffmech/control", "benchmarks/bench_eigen.py"])
 
 
 def markdown(rep: dict) -> str:

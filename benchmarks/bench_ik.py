@@ -27,12 +27,9 @@ times are medians. Every diffmech solution is also checked with Pinocchio's forw
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 
@@ -43,6 +40,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "src"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _markdown, when imported by a test
 
+import _machine  # noqa: E402
 import diffmech  # noqa: E402
 from _markdown import publish, replace_section, stamp  # noqa: E402
 from diffmech import spatial  # noqa: E402
@@ -167,29 +165,13 @@ def summary(times, conv, iters, first, q, lo, hi) -> dict:
 
 # ----------------------------------------------------------------------------- report
 def machine(threads: int) -> dict:
-    model = platform.processor() or "unknown"
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout.splitlines():
-            if line.startswith("Model name"):
-                model = line.split(":", 1)[1].strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
     try:
         import pinocchio
 
         pin_version = pinocchio.__version__
     except ImportError:
         pin_version = "n/a"
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
-                                timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src/diffmech", "benchmarks/bench_ik.py"],
-                               capture_output=True, text=True, cwd=ROOT, timeout=10).stdout.strip() != ""
-    except (OSError, subprocess.SubprocessError):
-        commit, dirty = "", False
-    return {"cpu": model, "cores": os.cpu_count(), "torch": torch.__version__, "pinocchio": pin_version,
-            "threads": threads, "python": platform.python_version(), "commit": commit + ("+dirty" if dirty else ""),
-            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+    return _machine.machine(ROOT, threads, ["src/diffmech", "benchmarks/bench_ik.py"], pinocchio=pin_version)
 
 
 def markdown(rep: dict) -> str:

@@ -34,12 +34,9 @@ and on a loaded machine a second thread mostly waits, so the recorded run uses 1
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -58,6 +55,7 @@ from diffmech.sim import rollout  # noqa: E402
 
 THREADS = int(os.environ.get("BENCH_THREADS", "2"))
 DT = 1e-3
+import _machine  # noqa: E402
 from _markdown import replace_section  # noqa: E402
 
 MARK_START, MARK_END = "<!-- bench_policy_rollout:start -->", "<!-- bench_policy_rollout:end -->"
@@ -147,23 +145,7 @@ def measure(robot, control, batch, integrator, T, repeats) -> dict:
 
 
 def machine() -> dict:
-    model = platform.processor() or "unknown"
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout.splitlines():
-            if line.startswith("Model name"):
-                model = line.split(":", 1)[1].strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
-                                timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], capture_output=True, text=True,
-                               cwd=ROOT, timeout=10).stdout.strip() != ""
-    except (OSError, subprocess.SubprocessError):
-        commit, dirty = "", False
-    return {"cpu": model, "cores": os.cpu_count(), "torch": torch.__version__, "threads": THREADS,
-            "python": platform.python_version(), "commit": commit + ("+dirty" if dirty else ""),
-            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+    return _machine.machine(ROOT, THREADS, ["src"])
 
 
 def markdown(report: dict) -> str:

@@ -66,6 +66,7 @@ T_TARGET = 2000  # the targets are stated at 2000 steps
 
 LABEL = {"checkpoint": "diffmech checkpoint", "compiled": "diffmech checkpoint, compiled",
          "autograd": "diffmech autograd", "drm": "DRM autograd"}
+import _machine  # noqa: E402
 from _markdown import replace_section  # noqa: E402
 
 MARK_START, MARK_END = "<!-- bench_rollout:start -->", "<!-- bench_rollout:end -->"
@@ -271,13 +272,7 @@ def targets(results: list[dict], kres: list[dict], T_t: int) -> list[dict]:
 def machine() -> dict:
     import torch
 
-    model = platform.processor() or "unknown"
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout.splitlines():
-            if line.startswith("Model name"):
-                model = line.split(":", 1)[1].strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
+    model = _machine.cpu_model()
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=ROOT, timeout=10).stdout.strip()
