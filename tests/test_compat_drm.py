@@ -667,3 +667,13 @@ def test_matches_pybullet_where_drm_tests_do(key):
                 np.testing.assert_allclose(qdd.numpy(), accs, rtol=1e-2, atol=1e-3)
     finally:
         p.disconnect(pc)
+
+
+def test_bodies_follow_the_model_to_another_dtype():
+    from diffmech.compat.drm import DifferentiableKUKAiiwa
+
+    model = DifferentiableKUKAiiwa()
+    assert model._bodies[2].joint_axis.dtype == torch.float32
+    torch.testing.assert_close(model._bodies[2].joint_axis, torch.tensor([[0.0, 0.0, 1.0]]))
+    model.to(torch.float64)
+    assert model._bodies[2].joint_axis.dtype == torch.float64

@@ -185,7 +185,7 @@ class _Body:
         self._model = model
         self.name, self.joint_id, self.joint_idx = name, i, dof
         self._joint = joint
-        self.joint_axis = torch.tensor([axis], dtype=model.robot.dtype, device=model._device)
+        self._axis = tuple(float(a) for a in axis)
         self.joint_limits = limits
         self.inertia = _Inertia(model.robot.link_params(name))
 
@@ -194,6 +194,12 @@ class _Body:
         if self._joint is None:
             return torch.zeros(shape, dtype=robot.dtype, device=robot.device)
         return getattr(robot.joint_params(self._joint), name).reshape(shape)
+
+    @property
+    def joint_axis(self) -> Tensor:
+        """(1, 3), in the model's current dtype and on its current device (follows ``.to()``)."""
+        robot = self._model.robot
+        return torch.tensor([self._axis], dtype=robot.dtype, device=robot.device)
 
     def get_joint_limits(self):
         return self.joint_limits
