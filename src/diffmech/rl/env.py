@@ -18,6 +18,7 @@ Tasks subclass :class:`DiffEnv`; :class:`NLinkReach` is the n-link pendulum reac
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,7 +60,7 @@ class StepResult:
         yield from (self.obs, self.reward, self.terminated, self.truncated, {"final_obs": self.final_obs})
 
 
-class DiffEnv:
+class DiffEnv(abc.ABC):
     """Base class: ``num_envs`` differentiable environments over one :class:`~diffmech.RobotModel`.
 
     Actions are ``(N, act_dim)`` in ``[-1, 1]`` (clamped; the gradient is zero outside), scaled by
@@ -115,17 +116,20 @@ class DiffEnv:
                                                                             device=self.device)).shape[-1])
 
     # ------------------------------------------------------------------ the task (subclasses)
+    @abc.abstractmethod
     def initial_state(self, n: int) -> tuple[Tensor, Tensor]:
         """``n`` initial states ``q (n, nq), v (n, nv)`` drawn with :attr:`generator`."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def observe(self, q: Tensor, v: Tensor, t: Tensor) -> Tensor:
         """Observation ``(B, obs_dim)`` of states ``q (B, nq), v (B, nv)`` at step counts ``t (B,)``."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def reward(self, q: Tensor, v: Tensor, q1: Tensor, v1: Tensor, action: Tensor) -> Tensor:
         """Reward ``(B,)`` of the step ``(q, v) -> (q1, v1)`` under ``action (B, act_dim)``."""
-        raise NotImplementedError
+        ...
 
     def terminal(self, q1: Tensor, v1: Tensor) -> Tensor:
         """``(B,)`` bool: the state ends the episode (default: never)."""
