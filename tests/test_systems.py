@@ -181,17 +181,17 @@ def test_double_pendulum_stiffness_and_rest_are_learnable():
         rob.make_link_param_learnable(link, "stiffness")
         rob.make_link_param_learnable(link, "rest")
     params = rob.learnable_parameters()
-    assert set(params) == {"joints.0.stiffness", "joints.0.rest", "joints.1.stiffness", "joints.1.rest"}
+    assert set(params) == {"joint1.stiffness", "joint1.rest", "joint2.stiffness", "joint2.rest"}
     q = torch.tensor([0.7, -0.2], **f64)
     v = torch.tensor([0.3, 0.1], **f64)
     # d tau / d k_i = q_i - rest_i and d tau / d rest_i = -k_i.
     tau = rob.inverse_dynamics(q, v, torch.zeros(2, **f64))
     grads = torch.autograd.grad(tau.sum(), [params[n] for n in sorted(params)])
     by_name = dict(zip(sorted(params), grads))
-    assert abs(float(by_name["joints.0.stiffness"]) - (0.7 - 0.1)) < 1e-14
-    assert abs(float(by_name["joints.1.stiffness"]) - (-0.2 - 0.3)) < 1e-14
-    assert abs(float(by_name["joints.0.rest"]) + 2.0) < 1e-14
-    assert abs(float(by_name["joints.1.rest"]) + 1.0) < 1e-14
+    assert abs(float(by_name["joint1.stiffness"]) - (0.7 - 0.1)) < 1e-14
+    assert abs(float(by_name["joint2.stiffness"]) - (-0.2 - 0.3)) < 1e-14
+    assert abs(float(by_name["joint1.rest"]) + 2.0) < 1e-14
+    assert abs(float(by_name["joint2.rest"]) + 1.0) < 1e-14
     # Through forward dynamics too: compare with a finite difference in k2.
     zero = torch.zeros(2, **f64)
     qdd = rob.forward_dynamics(q, v, zero)

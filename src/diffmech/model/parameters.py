@@ -787,14 +787,14 @@ class RobotParameters(PhysicalValues, nn.Module):
     freeze_learnable_link_param = freeze_link_param
     unfreeze_learnable_link_param = unfreeze_link_param
 
-    def learnable_parameters(self, readable: bool = False) -> dict[str, Tensor]:
+    def learnable_parameters(self, readable: bool = True) -> dict[str, Tensor]:
         """Trainable tensors by name.
 
         Args:
-            readable: ``False`` (default): qualified module names (``links.3.mass``,
+            readable: ``False``: qualified module names (``links.3.mass``,
                 ``links.3.parametrizations.mass.original``, ``links.3.inertial_source.theta``), the
-                keys of ``state_dict`` and ``torch.func.functional_call``. ``True``: names after the
-                link or joint -- ``iiwa_link_3.mass`` (a learnable value), ``iiwa_link_3.mass.raw``
+                keys of ``state_dict`` and ``torch.func.functional_call``. ``True`` (default): names
+                after the link or joint -- ``iiwa_link_3.mass`` (a learnable value), ``iiwa_link_3.mass.raw``
                 (the unconstrained tensor of a parametrization), ``iiwa_joint_2.origin_xyz``,
                 ``iiwa_link_3.inertial.theta`` (an inertial source), ``iiwa_link_1.mass.l`` (the
                 tensors of a value source or of a parametrization's own modules), ``gravity``.
