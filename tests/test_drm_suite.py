@@ -5,8 +5,15 @@ The suite is not redistributed (it is not in DRM's PyPI packages either): point
 tree, or a bare git directory whose ``HEAD`` is read) and run ``pytest -m slow
 tests/test_drm_suite.py``. The test copies DRM's ``tests/`` and ``examples/`` into a temporary
 folder, changes only the import lines (``differentiable_robot_model`` ->
-``diffmech.compat.drm``), and runs them with pytest; every one must pass. Skipped when the
-variable is not set.
+``diffmech.compat.drm``), and runs them with pytest; every one must pass except the known
+failures below. Skipped when the variable is not set.
+
+Known failures (documented in docs/coming-from-drm.md): DRM's example test runs the two dynamics
+learning examples with ``n_data=250`` at ``dt = 1/250``, a one-second data grid
+``linspace(0, int(n_data dt) - 1, n_data)`` that is all zeros, so every sample is the same state,
+the loss's normaliser ``tau.var(0)`` (``qdd.var(0)``) is zero and the first Adam step makes the
+learned mass NaN. DRM carries on with NaN parameters; diffmech raises ``ModelError`` naming the
+link and the parameter that is not finite.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
+_KNOWN = {f"tests/test_examples.py::test_examples[{dev}-examples.{ex}]"
+          for dev in ("cpu", "cuda") for ex in ("learn_dynamics_iiwa", "learn_forward_dynamics_iiwa")}
 _IMPORT = re.compile(r"^(\s*(?:from|import)\s+)differentiable_robot_model\b", re.MULTILINE)
 
 
@@ -61,10 +70,13 @@ def test_drm_suite_passes_on_the_facade(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(tmp_path / "examples"),
                                                        os.environ.get("PYTHONPATH", "")]))
     env.pop("DIFFMECH_NATIVE", None)  # the facade as users get it: native kernels where they pay
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                           "tests"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=3000)
+    env["COLUMNS"] = "1000"  # pytest cuts the summary lines to the terminal width
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", "-o",
+                           "addopts=", "tests"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=3000)
     tail = proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert proc.returncode == 0, tail
+    assert proc.returncode in (0, 1), tail
     passed = re.search(r"(\d+) passed", proc.stdout)
-    assert passed and int(passed.group(1)) > 0, tail
-    assert "failed" not in proc.stdout.splitlines()[-1], tail
+    assert passed and int(passed.group(1)) > 250, tail
+    failed = dict(re.findall(r"^FAILED (\S+) - (.*)$", proc.stdout, re.MULTILINE))
+    assert set(failed) <= _KNOWN, tail
+    assert all("is not finite" in msg for msg in failed.values()), failed

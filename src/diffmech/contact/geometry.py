@@ -1,6 +1,8 @@
 """Narrow phase: signed distances, contact points and normals between primitive shapes, batched.
 
-Every function takes world placements (``R (B, 3, 3)``, ``p (B, 3)``) and plain-float sizes and
+Every function takes world placements (``R (B, 3, 3)``, ``p (B, 3)``) and sizes -- tuples of floats,
+or 1-D tensors (the shape's dimensions, see :mod:`diffmech.model.collision`) when the distances
+must be differentiable w.r.t. the geometry -- and
 returns a :class:`Candidates` of ``k`` fixed candidate points per batch element: the signed
 distance ``phi (B, k)`` (m, negative in penetration), the contact point ``point (B, k, 3)`` (world,
 halfway between the two surfaces) and the unit normal ``normal (B, k, 3)`` pointing from the
@@ -34,10 +36,17 @@ def _unit(x: Tensor) -> tuple[Tensor, Tensor]:
     return x / n.clamp_min(_EPS), n[..., 0]
 
 
+def _vec(size, like: Tensor) -> Tensor:
+    """A shape's dimensions as a tensor on ``like``'s dtype and device (a tensor stays in the graph)."""
+    if isinstance(size, Tensor):
+        return size.to(dtype=like.dtype, device=like.device)
+    return torch.tensor(size, dtype=like.dtype, device=like.device)
+
+
 def _corners(R: Tensor, p: Tensor, size) -> Tensor:
     """The 8 corners of a box, ``(B, 8, 3)``."""
     s = torch.tensor([[sx, sy, sz] for sx in (-1, 1) for sy in (-1, 1) for sz in (-1, 1)], dtype=p.dtype,
-                     device=p.device) * torch.tensor(size, dtype=p.dtype, device=p.device) * 0.5
+                     device=p.device) * _vec(size, p) * 0.5
     return p[:, None] + s @ R.transpose(-1, -2)
 
 
@@ -125,7 +134,7 @@ def capsule_capsule(Ra: Tensor, pa: Tensor, sa, Rb: Tensor, pb: Tensor, sb) -> C
 def point_box(x: Tensor, R: Tensor, p: Tensor, size) -> tuple[Tensor, Tensor]:
     """Signed distance of points ``x (B, k, 3)`` to a box (negative inside) and the unit normal of
     the box surface nearest to each point (pointing out of the box, towards the point)."""
-    h = torch.tensor(size, dtype=x.dtype, device=x.device) * 0.5
+    h = _vec(size, x) * 0.5
     loc = ((x - p[:, None]) @ R)  # box coordinates
     q = loc.abs() - h
     outside = q.clamp_min(0.0)
@@ -157,7 +166,7 @@ def capsule_box(Ra: Tensor, pa: Tensor, sa, R: Tensor, p: Tensor, size) -> Candi
 
 def _half_extent(R: Tensor, size, n: Tensor) -> Tensor:
     """Half the width of a box along unit directions ``n (B, ..., 3)``."""
-    h = torch.tensor(size, dtype=n.dtype, device=n.device) * 0.5
+    h = _vec(size, n) * 0.5
     shape = n.shape
     Rb = R.reshape(R.shape[0], *([1] * (n.dim() - 2)), 3, 3)
     return ((n[..., None, :] @ Rb)[..., 0, :].abs() * h).sum(-1).reshape(shape[:-1])
@@ -182,13 +191,14 @@ def box_box(Ra: Tensor, pa: Tensor, sa, Rb: Tensor, pb: Tensor, sb) -> Candidate
     ca, cb = _corners(Ra, pa, sa), _corners(Rb, pb, sb)
     phi_a = (ca * n[:, None]).sum(-1) - top_b[:, None]
     phi_b = low_a[:, None] - (cb * n[:, None]).sum(-1)
-    tol = 1e-3 * max(max(sa), max(sb))
+    largest = max(float(x) for x in (*sa, *sb))
+    tol = 1e-3 * largest
     with torch.no_grad():
         in_b = point_box(ca - phi_a[..., None] * n[:, None], Rb, pb, sb)[0] <= tol
         in_a = point_box(cb + phi_b[..., None] * n[:, None], Ra, pa, sa)[0] <= tol
         # a corner of b that meets a corner of a (aligned faces) is the same contact: keep one,
         # since duplicated rows make the contact problem singular and slow the solver
-        same = (torch.cdist(cb, ca) <= 1e-6 * max(max(sa), max(sb)) + tol) & in_b[:, None, :]
+        same = (torch.cdist(cb, ca) <= 1e-6 * largest + tol) & in_b[:, None, :]
         in_a = in_a & ~same.any(-1)
     far = torch.full_like(phi_a, 1e3)
     phi = torch.cat([torch.where(in_b, phi_a, far), torch.where(in_a, phi_b, far)], 1)

@@ -31,6 +31,7 @@ from ..contact.pgs import pgs
 from ..dynamics._jacobian import JACOBIAN_MAX_BATCH, one_thread
 from ..dynamics.kinematics import poses_and_world_jacobians
 from ..errors import ModelError
+from ..model.collision import Shape
 from ..spatial import quat_to_matrix, rpy_to_matrix, skew
 from .scene import GROUND, Scene
 
@@ -155,39 +156,44 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
     v_free = torch.cat([vfree[n] for n in names], -1)
 
     # shapes in the world
-    items = []  # (model, link, shape, R, p)
+    items = []  # (model, link, shape, R, p, size, bounding radius)
     for n in names:
         m = scene.models[n]
         for link, shapes in scene.shapes[n].items():
             li = m.link_names.index(link)
             T = poses[n][:, li]
-            for s in shapes:
+            for k, s in enumerate(shapes):
                 Rs = rpy_to_matrix(torch.tensor(s.rpy, dtype=dtype, device=q.device))
                 R = T[:, :3, :3] @ Rs
                 p = T[:, :3, 3] + T[:, :3, :3] @ torch.tensor(s.xyz, dtype=dtype, device=q.device)
-                items.append((n, link, s, R, p))
+                size = scene.shape_size(n, link, k)
+                if isinstance(size, Tensor):
+                    radius = Shape(s.kind, tuple(size.detach().tolist())).bounding_radius
+                else:
+                    radius = s.bounding_radius
+                items.append((n, link, s, R, p, size, radius))
 
     reach = 0.05 + 50.0 * dt  # m: what can come into contact within one step at up to 50 m/s
     groups = []  # (Candidates, body a, body b or None, (model a, model b), key)
-    for i, (n, link, s, R, p) in enumerate(items):
+    for i, (n, link, s, R, p, size, radius) in enumerate(items):
         if scene.ground:
-            low = (p[:, 2] - s.bounding_radius).amin()
+            low = (p[:, 2] - radius).amin()
             if float(low.detach()) < reach:
-                groups.append((geo.plane_candidates(s.kind, s.size, R, p), (n, link), None, (n, GROUND, link, None),
-                           (i, -1)))
+                groups.append((geo.plane_candidates(s.kind, size, R, p), (n, link), None, (n, GROUND, link, None),
+                               (i, -1)))
     for i in range(len(items)):
         for j in range(i + 1, len(items)):
-            na, la, sa, Ra, pa = items[i]
-            nb, lb, sb, Rb, pb = items[j]
+            na, la, sa, Ra, pa, za, ra = items[i]
+            nb, lb, sb, Rb, pb, zb, rb = items[j]
             if na == nb and (not scene.self_collision or _adjacent(scene.models[na], la, lb)):
                 continue
-            gap = (pa - pb).norm(dim=-1) - sa.bounding_radius - sb.bounding_radius
+            gap = (pa - pb).norm(dim=-1) - ra - rb
             if float(gap.detach().amin()) > reach:
                 continue
             if "cylinder" in (sa.kind, sb.kind):
                 raise ModelError(f"Scene: a cylinder touches only the ground; {na}/{la} ({sa.kind}) and "
                                  f"{nb}/{lb} ({sb.kind}) came within {float(gap.amin()):.3g} m")
-            groups.append((_pair(sa.kind, sa.size, Ra, pa, sb.kind, sb.size, Rb, pb), (na, la), (nb, lb),
+            groups.append((_pair(sa.kind, za, Ra, pa, sb.kind, zb, Rb, pb), (na, la), (nb, lb),
                            (na, nb, la, lb), (i, j)))
 
     def point_jac(body, pts):  # pts (B, k, 3) world -> (B, k, 3, nv) of the scene

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import ModelError, ShapeError
-from ..model.collision import collision_shapes, contact_coefficients
+from ..model.collision import KINDS, collision_shapes, contact_coefficients
 from ..robot import RobotModel
 
 __all__ = ["Scene", "GROUND"]
@@ -67,6 +67,14 @@ class Scene(nn.Module):
             numbers or ``(nj,)`` tensors, ``q_ref`` an ``(nj,)`` tensor (default: the neutral
             configuration); tensors that require grad receive gradients through a rollout. Both
             terms are integrated implicitly in the velocity (stable for any gains at any ``dt``).
+        sizes: dimensions of collision shapes that the contacts should be differentiable w.r.t.:
+            ``{(model name, link name): tensor}`` for a link's first shape, or ``{(model, link,
+            index): tensor}``; the tensor holds the shape's dimensions in its
+            :mod:`~diffmech.model.collision` order (sphere ``(radius,)``, box ``(lx, ly, lz)``,
+            capsule / cylinder ``(radius, length)``), m, and replaces the shape's own values in
+            the contact geometry (not in the mass or inertia, which stay the model's). A tensor
+            that requires grad receives gradients through a rollout while the set of touching
+            points stays the same.
 
     Attributes:
         names: the models' names, in the order of their coordinates.
@@ -77,7 +85,7 @@ class Scene(nn.Module):
 
     def __init__(self, models, *, ground: bool = True, friction=0.5, restitution=0.0, pairs=None,
                  limits: bool = True, self_collision: bool = False, iterations: int = 50, tol: float = 1e-9,
-                 baumgarte: float = 0.2, bounce_speed: float = 1e-2, drives=None):
+                 baumgarte: float = 0.2, bounce_speed: float = 1e-2, drives=None, sizes=None):
         super().__init__()
         if isinstance(models, RobotModel):
             models = [models]
@@ -134,6 +142,9 @@ class Scene(nn.Module):
         self.drives: dict[str, tuple[Tensor, Tensor, Tensor]] = {}
         for n, spec in (drives or {}).items():
             self.drives[n] = self._drive(n, spec)
+        self.shape_sizes: dict[tuple[str, str, int], Tensor] = {}
+        for key, value in (sizes or {}).items():
+            self._set_size(key, value)
 
     # ------------------------------------------------------------------ state
     @property
@@ -191,6 +202,48 @@ class Scene(nn.Module):
             out.append(t.to(**opts))
         return tuple(out)
 
+    def _set_size(self, key, value) -> None:
+        where = f"Scene sizes[{key!r}]"
+        if not (isinstance(key, tuple) and len(key) in (2, 3)):
+            raise ModelError(f"{where}: keys must be (model, link) or (model, link, index) tuples")
+        name, link, index = (*key, 0) if len(key) == 2 else key
+        if name not in self.names:
+            raise ModelError(f"{where}: no model of that name (models: {self.names})")
+        shapes = self.shapes[name].get(link, [])
+        if not isinstance(index, int) or not 0 <= index < len(shapes):
+            raise ModelError(f"{where}: model {name!r} link {link!r} has {len(shapes)} collision shape(s)"
+                             f" (links with shapes: {sorted(self.shapes[name])})")
+        kind = shapes[index].kind
+        n = KINDS[kind]
+        m = self.models[name]
+        t = value if isinstance(value, Tensor) else torch.as_tensor(value, dtype=m.dtype, device=m.device)
+        if t.shape not in ((n,),) + (((),) if n == 1 else ()):
+            raise ModelError(f"{where}: a {kind} takes {n} dimension(s), got a tensor of shape {tuple(t.shape)}")
+        if not (torch.isfinite(t.detach()).all() and bool((t.detach() > 0).all())):
+            raise ModelError(f"{where}: dimensions must be positive and finite, got {t.detach().tolist()}")
+        self.shape_sizes[(name, link, index)] = t.reshape(n).to(dtype=m.dtype, device=m.device)
+
+    def shape_size(self, model: str, link: str, index: int = 0) -> Tensor | tuple[float, ...]:
+        """The dimensions the contact geometry uses for shape ``index`` of ``link`` of ``model``:
+        the tensor given in ``sizes``, else the shape's own values (floats), m."""
+        key = (model, link, index)
+        return self.shape_sizes[key] if key in self.shape_sizes else self.shapes[model][link][index].size
+
+    def _apply(self, fn, recurse=True):
+        # The models' tensors move with nn.Module; the coefficients, drives and sizes are plain
+        # attributes (tensors the user may hold and train), moved here through a differentiable
+        # copy so that gradients still reach the tensors that were passed in.
+        super()._apply(fn, recurse)
+
+        def move(v):
+            return fn(v) if isinstance(v, Tensor) else v
+
+        self.friction, self.restitution = move(self.friction), move(self.restitution)
+        self.pairs = {k: {kk: move(v) for kk, v in d.items()} for k, d in self.pairs.items()}
+        self.drives = {k: tuple(move(t) for t in d) for k, d in self.drives.items()}
+        self.shape_sizes = {k: move(t) for k, t in self.shape_sizes.items()}
+        return self
+
     def coefficients(self, a: str, b: str, link_a: str | None = None, link_b: str | None = None
                      ) -> tuple[Tensor | float, Tensor | float]:
         """``(friction, restitution)`` of the pair ``(a, b)`` (model names or ``"ground"``), for
@@ -208,9 +261,10 @@ class Scene(nn.Module):
         return out[0], out[1]
 
     def coefficient_tensors(self) -> list[Tensor]:
-        """The friction, restitution and drive tensors that require grad (for the rollout's gradients)."""
+        """The friction, restitution, drive and shape-size tensors that require grad (for the
+        rollout's gradients)."""
         vals = [self.friction, self.restitution] + [v for d in self.pairs.values() for v in d.values()]
-        vals += [t for d in self.drives.values() for t in d]
+        vals += [t for d in self.drives.values() for t in d] + list(self.shape_sizes.values())
         out, seen = [], set()
         for v in vals:
             if isinstance(v, Tensor) and v.requires_grad and id(v) not in seen:
