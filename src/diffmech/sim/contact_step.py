@@ -78,6 +78,38 @@ def _adjacent(robot, a: str, b: str) -> bool:
     return la == lb or t.link_parent[la] == lb or t.link_parent[lb] == la
 
 
+def _broad_phase(scene: Scene, items: list, reach: float) -> tuple[list[int], list[tuple[int, int]]]:
+    """Shapes that may touch the ground, and pairs of shapes that may touch each other, within one
+    step in any environment: bounding spheres tested all at once (one ``(B, N, N)`` distance
+    table and one transfer to the host), so a scene of many bodies pays the narrow phase only
+    for the pairs that are close. Shapes of one model are paired only with ``self_collision``
+    and never across a joint."""
+    if not items:
+        return [], []
+    P = torch.stack([it[4] for it in items], 1).detach()  # (B, N, 3)
+    rad = P.new_tensor([it[6] for it in items])  # (N,)
+    N = len(items)
+    key = (scene.self_collision, tuple(it[:2] for it in items))
+    cache = scene.__dict__.setdefault("_pair_masks", {})
+    if key not in cache:  # which pairs may touch at all: fixed for a scene, built once
+        ok = torch.ones(N, N, dtype=torch.bool).triu(1)
+        for i in range(N):
+            for j in range(i + 1, N):
+                (na, la), (nb, lb) = items[i][:2], items[j][:2]
+                if na == nb and (not scene.self_collision or _adjacent(scene.models[na], la, lb)):
+                    ok[i, j] = False
+        cache[key] = ok
+    pair_ok = cache[key]
+    if N > 1:
+        gap = torch.cdist(P, P).amin(0) - rad[:, None] - rad[None, :]
+        close = (gap <= reach).cpu() & pair_ok
+    else:
+        close = pair_ok
+    low = (P[..., 2] - rad).amin(0).cpu() if scene.ground else None
+    ground = [] if low is None else (low < reach).nonzero()[:, 0].tolist()
+    return ground, [tuple(ij) for ij in close.nonzero().tolist()]
+
+
 def _advance(scene: Scene, qs: dict, vs: dict, dt: float) -> tuple[Tensor, Tensor]:
     """Positions from the new velocities. A floating base's linear velocity is held in the base
     frame of step ``k`` through the step (the ``omega x v`` term is added to its rate above), so the
@@ -175,26 +207,17 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
 
     reach = 0.05 + 50.0 * dt  # m: what can come into contact within one step at up to 50 m/s
     groups = []  # (Candidates, body a, body b or None, (model a, model b), key)
-    for i, (n, link, s, R, p, size, radius) in enumerate(items):
-        if scene.ground:
-            low = (p[:, 2] - radius).amin()
-            if float(low.detach()) < reach:
-                groups.append((geo.plane_candidates(s.kind, size, R, p), (n, link), None, (n, GROUND, link, None),
-                               (i, -1)))
-    for i in range(len(items)):
-        for j in range(i + 1, len(items)):
-            na, la, sa, Ra, pa, za, ra = items[i]
-            nb, lb, sb, Rb, pb, zb, rb = items[j]
-            if na == nb and (not scene.self_collision or _adjacent(scene.models[na], la, lb)):
-                continue
-            gap = (pa - pb).norm(dim=-1) - ra - rb
-            if float(gap.detach().amin()) > reach:
-                continue
-            if "cylinder" in (sa.kind, sb.kind):
-                raise ModelError(f"Scene: a cylinder touches only the ground; {na}/{la} ({sa.kind}) and "
-                                 f"{nb}/{lb} ({sb.kind}) came within {float(gap.amin()):.3g} m")
-            groups.append((_pair(sa.kind, za, Ra, pa, sb.kind, zb, Rb, pb), (na, la), (nb, lb),
-                           (na, nb, la, lb), (i, j)))
+    near_ground, near_pairs = _broad_phase(scene, items, reach)
+    for i in near_ground:
+        n, link, s, R, p, size, _ = items[i]
+        groups.append((geo.plane_candidates(s.kind, size, R, p), (n, link), None, (n, GROUND, link, None), (i, -1)))
+    for i, j in near_pairs:
+        na, la, sa, Ra, pa, za, _ = items[i]
+        nb, lb, sb, Rb, pb, zb, _ = items[j]
+        if "cylinder" in (sa.kind, sb.kind):
+            raise ModelError(f"Scene: a cylinder touches only the ground; {na}/{la} ({sa.kind}) and "
+                             f"{nb}/{lb} ({sb.kind}) came within {reach:.3g} m of each other")
+        groups.append((_pair(sa.kind, za, Ra, pa, sb.kind, zb, Rb, pb), (na, la), (nb, lb), (na, nb, la, lb), (i, j)))
 
     def point_jac(body, pts):  # pts (B, k, 3) world -> (B, k, 3, nv) of the scene
         n, _ = body
