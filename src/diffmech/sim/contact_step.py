@@ -7,7 +7,9 @@ that the seed's simulator and most robotics engines use):
    matrix and bias forces;
 2. contact candidates from the narrow phase (:mod:`diffmech.contact.geometry`) and joint-limit
    rows, each a block ``(normal, tangent, tangent)`` of the contact Jacobian ``J``;
-3. impulses ``lam`` from projected Gauss-Seidel (:func:`diffmech.contact.pgs.pgs`) with normal
+3. impulses ``lam`` from projected Gauss-Seidel (:func:`diffmech.contact.pgs.pgs`) -- or, with
+   ``Scene(solver="smooth")``, of the relaxed problem of :mod:`diffmech.contact.smooth`, by Newton's
+   method from the PGS solution -- with normal
    targets ``b``: a separated candidate (``phi > 0``) may close the gap within the step (``v_n >=
    -phi / dt``, a speculative contact: the body lands on the surface instead of into it), a
    penetrating one is pushed out by ``baumgarte * |phi| / dt``, and an impact faster than
@@ -28,6 +30,7 @@ from torch import Tensor
 
 from ..contact import geometry as geo
 from ..contact.pgs import pgs
+from ..contact.smooth import smooth_solve
 from ..dynamics._jacobian import JACOBIAN_MAX_BATCH, one_thread
 from ..dynamics.kinematics import poses_and_world_jacobians
 from ..errors import ModelError
@@ -289,7 +292,13 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
     if warm:
         zero = c.new_zeros(B, 3)
         lam0 = torch.stack([warm.get(k, zero) for k in keys], 1)
-    res = pgs(A, c, mu, iterations=scene.iterations, tol=scene.tol, lam0=lam0)
+    if scene.solver == "smooth":
+        # the hard problem's solution, without a graph, is the starting guess of the Newton solve
+        res = pgs(A.detach(), c.detach(), mu.detach(), iterations=scene.iterations, tol=scene.tol, lam0=lam0)
+        lam_s, it_s, rel_s = smooth_solve(A, c, mu, res.lam, kappa=scene.smoothing, eps=scene.friction_smoothing)
+        res = res._replace(lam=lam_s, iterations=res.iterations + it_s, residual=max(res.residual, rel_s))
+    else:
+        res = pgs(A, c, mu, iterations=scene.iterations, tol=scene.tol, lam0=lam0)
     v1 = v_free + (MinvJt @ res.lam.reshape(B, 3 * K, 1))[..., 0]
     q1, v1 = _advance(scene, qs, scene.split(v1, "v"), dt)
     if info is not None:

@@ -56,6 +56,16 @@ class Scene(nn.Module):
         limits: enforce the URDF joint position limits as unilateral constraints.
         self_collision: test shapes of one model against each other (links that share a joint
             excluded).
+        solver: ``"pgs"`` (default): the hard contact problem by projected Gauss-Seidel, its
+            gradient by the implicit function theorem with the contact modes fixed.
+            ``"smooth"``: the relaxed problem of :mod:`diffmech.contact.smooth` (complementarity
+            relaxed by ``smoothing``, friction by ``friction_smoothing``) by Newton's method from
+            the PGS solution; forces and gradients vary smoothly across contact changes (a body
+            about to touch, a contact about to slip already has a gradient).
+        smoothing: ``kappa`` of the smooth solver, J (impulse x separating speed): a candidate
+            ``d`` m away feels about ``kappa dt / d`` N s.
+        friction_smoothing: ``eps`` of the smooth solver, m/s: slip speed under which friction
+            acts as a stiff viscous law (a resting body creeps at most at this speed).
         iterations: maximum projected Gauss-Seidel sweeps per step.
         tol: the solver stops when no impulse changes by more than ``tol`` (relative) in a sweep.
         baumgarte: fraction of a penetration removed per step (by a separating velocity).
@@ -85,7 +95,8 @@ class Scene(nn.Module):
 
     def __init__(self, models, *, ground: bool = True, friction=0.5, restitution=0.0, pairs=None,
                  limits: bool = True, self_collision: bool = False, iterations: int = 50, tol: float = 1e-9,
-                 baumgarte: float = 0.2, bounce_speed: float = 1e-2, drives=None, sizes=None):
+                 baumgarte: float = 0.2, bounce_speed: float = 1e-2, drives=None, sizes=None,
+                 solver: str = "pgs", smoothing: float = 1e-6, friction_smoothing: float = 1e-4):
         super().__init__()
         if isinstance(models, RobotModel):
             models = [models]
@@ -137,6 +148,12 @@ class Scene(nn.Module):
             raise ModelError(f"Scene: iterations must be >= 1 and tol >= 0, got {iterations}, {tol}")
         self.iterations, self.tol = int(iterations), float(tol)
         self.baumgarte, self.bounce_speed = float(baumgarte), float(bounce_speed)
+        if solver not in ("pgs", "smooth"):
+            raise ModelError(f"Scene: unknown solver {solver!r}; choose 'pgs' or 'smooth'")
+        if not (smoothing > 0 and friction_smoothing > 0):
+            raise ModelError(f"Scene: smoothing and friction_smoothing must be positive, got {smoothing}, "
+                             f"{friction_smoothing}")
+        self.solver, self.smoothing, self.friction_smoothing = solver, float(smoothing), float(friction_smoothing)
         self.shapes = {n: collision_shapes(m) for n, m in items}
         self.link_coefficients = {n: contact_coefficients(m) for n, m in items}
         self.drives: dict[str, tuple[Tensor, Tensor, Tensor]] = {}
