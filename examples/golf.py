@@ -81,6 +81,26 @@ class Golf:
         t_fall = (vw[..., 2] + torch.sqrt(vw[..., 2] ** 2 + 2 * G * height + 1e-12)) / G
         return q[..., b] + vw[..., 0] * t_fall
 
+    def simulate_landing(self, u: torch.Tensor) -> dict:
+        """Roll on past the horizon (no torque) until the ball first touches the ground: where the
+        simulation puts the landing, to check the extrapolated ``x_land``. ``u (knots, 2)``."""
+        with torch.no_grad():
+            qs, vs = rollout(self.scene, self.q0, self.v0, self.torques(u), self.dt)
+            b, vb = self.qb, self.vb
+            vw = quat_to_matrix(qs[-1, b + 3:b + 7]) @ vs[-1, vb:vb + 3]
+            t_fall = (vw[2] + torch.sqrt(vw[2] ** 2 + 2 * G * (qs[-1, b + 2] - RADIUS).clamp_min(0.0))) / G
+            n_extra = round(float(t_fall) / self.dt) + 10
+            more = rollout(self.scene, qs[-1], vs[-1], torch.zeros(n_extra, self.scene.nv, dtype=torch.float64),
+                           self.dt)[0]
+        qs = torch.cat([qs, more[1:]])
+        z = qs[self.T:, self.qb + 2]
+        down = (z <= RADIUS + 1e-6).nonzero()
+        if len(down) == 0:
+            return {"landed": False}
+        k = self.T + int(down[0, 0])
+        return {"landed": True, "time_s": k * self.dt, "x_m": float(qs[k, self.qb]),
+                "resolution_m": float(qs[k, self.qb] - qs[k - 1, self.qb])}
+
     def __call__(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``u (..., knots, 2) -> (loss (...), x_land (...))``."""
         qs, vs = rollout(self.scene, self.q0, self.v0, self.torques(u), self.dt)
@@ -101,7 +121,7 @@ def run_gradient(task: Golf, iterations: int, method: str, lr: float, radius: fl
         opt = torch.optim.Adam([u], lr=lr)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, iterations)
     log, t0, steps = [], time.perf_counter(), 0
-    best = None  # (loss, r, u, g) of the accepted point (newton)
+    best = None  # (loss, r, u, g) of the accepted point (newton), (loss, -, u, -) of the best (adam)
     for it in range(iterations):
         if method == "adam":
             opt.zero_grad()
@@ -122,11 +142,14 @@ def run_gradient(task: Golf, iterations: int, method: str, lr: float, radius: fl
                 radius *= 1.0 if it == 0 else 2.0
             else:
                 radius /= 4.0
-            entry.update(accepted=accepted, radius=radius, best_loss=best[0])
+            entry.update(accepted=accepted, radius=radius)
+        elif best is None or loss_f < best[0]:
+            best = (loss_f, None, u.detach().clone(), None)
+        entry["best_loss"] = best[0]
         log.append(entry)
         print(f"gradient ({method}) iteration {it + 1}/{iterations}: x_land {x_f:.4f} m, loss {loss_f:.3e}, "
               f"{entry['wall_s']:.1f} s" + ("" if entry.get("accepted", True) else " (step taken back)"), flush=True)
-        if (best[0] if method == "newton" else loss_f) < tol**2 or it == iterations - 1:
+        if best[0] < tol**2 or it == iterations - 1:
             break
         if method == "adam":
             opt.step()
@@ -136,7 +159,7 @@ def run_gradient(task: Golf, iterations: int, method: str, lr: float, radius: fl
             du = -r * g0 / (g0 * g0).sum().clamp_min(1e-30)
             rms = float(du.norm()) / n**0.5
             u = u0 + du * min(1.0, radius / max(rms, 1e-30))
-    log[-1]["u"] = (best[2] if method == "newton" else u.detach()).tolist()
+    log[-1]["u"] = best[2].tolist()  # the best controls found
     return log
 
 
@@ -236,6 +259,10 @@ def main(argv=None) -> dict:
            "gradient_best": {k: best_grad[k] for k in ("iteration", "loss", "x_land", "wall_s")},
            "cmaes_best": {k: best_cma.get(k) for k in ("evaluations", "loss", "x_land", "wall_s", "steps")},
            "x_land_at_zero_torque": grad_log[0]["x_land"]}
+    # the extrapolated landing against the simulated one (the ball's first touch of the ground)
+    for key, log in (("gradient_best", grad_log), ("cmaes_best", cma_log)):
+        if log:
+            out[key]["simulated_landing"] = task.simulate_landing(torch.tensor(log[-1]["u"], dtype=torch.float64))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(out, f, indent=1)
