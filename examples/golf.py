@@ -106,8 +106,10 @@ class Golf:
         if len(kick) == 0:
             return {"landed": False}
         k = self.T + int(kick[0, 0]) + 1  # the state before the step in which the ball lands
-        return {"landed": True, "time_s": k * self.dt, "x_before_m": float(qs[k, self.qb]),
-                "x_after_m": float(qs[k + 1, self.qb])}
+        # it lands within that step, in flight at the horizontal speed of the steps before (the
+        # state after the step is no bound: friction with the ground slows the ball within it)
+        x0, x1 = float(qs[k, self.qb]), float(2 * qs[k, self.qb] - qs[k - 1, self.qb])
+        return {"landed": True, "time_s": k * self.dt, "x_before_m": x0, "x_after_m": x1}
 
     def __call__(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``u (..., knots, 2) -> (loss (...), x_land (...))``."""
