@@ -6,8 +6,8 @@ swing that send the ball to land ``--target`` (3 m) away along ``+x``:
 
 * controls: ``--knots`` values per joint (shoulder, wrist), ``u (knots, 2)``, linearly interpolated
   over the ``T = --horizon / --dt`` steps and scaled by 10 N m (by default one knot per step:
-  the seed's ``T x 2`` torque sequence); the scene's joint forces are these
-  torques (the ball gets none). Both optimisers start from ``u = 0``, no torque: the club's own
+  the seed's ``T x 2`` torque sequence); the scene's joint forces are these torques (the ball
+  gets none). Both optimisers start from ``u = 0``, no torque: the club's own
   swing then drives the ball about 1.2 m;
 * objective: ``(x_land - target)^2`` (m^2), where ``x_land`` is where the ball comes down to the
   ground, ``x + vx t*`` with ``t*`` the time its centre takes to fall back to its radius from the
@@ -30,8 +30,8 @@ swing that send the ball to land ``--target`` (3 m) away along ``+x``:
 Writes ``results.json`` and ``golf.png`` (loss vs iterations and vs wall-clock time, both methods)
 to ``--out`` (default ``results/golf``). Run::
 
-    python examples/golf.py                          # a few minutes on 2 busy cores
-    python examples/golf.py --iterations 20 --cmaes-budget 10
+    python examples/golf.py                          # 2 minutes on 2 busy cores
+    python examples/golf.py --knots 8 --cmaes-budget 15   # 16 controls; CMA-ES with 15x the steps
 """
 
 from __future__ import annotations
