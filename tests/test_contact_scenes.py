@@ -53,28 +53,65 @@ def test_free_wheels_roll_where_braked_wheels_slide():
     assert float(vr) > float(vb) + 0.3
 
 
-def test_golf_swing_hits_the_ball_and_its_gradient_matches_finite_differences():
-    """Gravity swings the club through the ball; d(ball x at the end)/d(shoulder torque) by the
-    checkpointed backward against central differences (the contact sequence is the same for the
-    perturbed swings)."""
+def _golf_landing(scene, q, v):
+    """Where the ball comes down from its state ``q (nq,), v (nv,)`` in free flight (m along x)."""
+    from diffmech.spatial import quat_to_matrix
+
+    b, vb = scene.slices["ball"].start, scene.vslices["ball"].start
+    vw = quat_to_matrix(q[b + 3:b + 7]) @ v[vb:vb + 3]  # the base velocity is in the ball's frame
+    t = (vw[2] + torch.sqrt(vw[2] ** 2 + 2 * G * (q[b + 2] - 0.025))) / G
+    return q[b] + vw[0] * t, vw
+
+
+def _head_lowest(scene, qs):
+    """Lowest corner of the club's head over a trajectory ``qs (T, nq)``, m above the ground."""
+    from diffmech.model.collision import collision_shapes
+    from diffmech.spatial import rpy_to_matrix
+
+    club = scene.models["club"]
+    (head,) = collision_shapes(club)["club"]
+    T = club.forward_kinematics(qs[:, scene.slices["club"]])[:, club.link_names.index("club")]
+    half = torch.tensor(head.size, dtype=torch.float64) / 2
+    signs = torch.tensor([[x, y, z] for x in (-1, 1) for y in (-1, 1) for z in (-1, 1)], dtype=torch.float64)
+    local = torch.tensor(head.xyz, dtype=torch.float64) + (signs * half) @ rpy_to_matrix(
+        torch.tensor(head.rpy, dtype=torch.float64)).T
+    return float((T[:, None, :3, :3] @ local[None, :, :, None])[..., 0][..., 2].add(T[:, None, 2, 3]).amin())
+
+
+def test_golf_swing_drives_the_ball_forward_and_its_landing_gradient_matches_finite_differences():
+    """Without torque the club, in its downswing, strikes the ball, which leaves forward and up,
+    while the head never touches the ground; d(landing x)/d(joint torques) by the checkpointed
+    backward against central differences (the contact sequence is the same for the perturbed
+    swings). Torques: 4 knots per joint, linearly interpolated over the swing."""
     scene, q0, v0 = scenes.golf()
-    T, dt = 260, 2e-3
-    ball = scene.slices["ball"].start
+    T, dt = 90, 2e-3
+    assert scene.nq == 2 + 7 and float(q0[4]) == 0.025 and float(v0[0]) < 0
+    knots = torch.linspace(0, 3, T, dtype=torch.float64)
+    i0 = knots.floor().long().clamp(max=2)
+    w = (knots - i0)[:, None]
 
-    def final_ball_x(u):
-        tau = torch.zeros(T, scene.nv, dtype=torch.float64)
-        tau = torch.cat([u.reshape(1, 1).expand(120, 1), tau[:120, 1:]], 1)
-        tau = torch.cat([tau, torch.zeros(T - 120, scene.nv, dtype=torch.float64)])
-        qs, _ = rollout(scene, q0, v0, tau, dt)
-        return qs[-1, ball]
+    def run(u):  # u (4, 2) N m at the knots -> (landing x, qs, vs)
+        tau = torch.cat([(1 - w) * u[i0] + w * u[i0 + 1], torch.zeros(T, scene.nv - 2, dtype=torch.float64)], 1)
+        qs, vs = rollout(scene, q0, v0, tau, dt)
+        return _golf_landing(scene, qs[-1], vs[-1])[0], qs, vs
 
-    u = torch.tensor(-0.4, dtype=torch.float64, requires_grad=True)
-    x = final_ball_x(u)
+    u = torch.zeros(4, 2, dtype=torch.float64, requires_grad=True)
+    x, qs, vs = run(u)
     x.backward()
-    assert x.detach().item() > 0.3  # the ball was hit forward
+    qs, vs = qs.detach(), vs.detach()
+    b = scene.slices["ball"].start
+    _, vw = _golf_landing(scene, qs[-1], vs[-1])
+    assert float(qs[-1, b]) > float(q0[b]) + 0.03 and float(qs[-1, b + 2]) > 0.03  # struck: forward, up
+    assert float(vw[0]) > 2.0 and float(vw[2]) > 0.5
+    assert 0.8 < float(x.detach()) < 1.6  # the ball comes down about 1.2 m away
+    assert 0.0 < _head_lowest(scene, qs) < 3e-3  # the head sweeps 2 mm above the ground
+    d = torch.randn(4, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        fd = (final_ball_x(u + 1e-5) - final_ball_x(u - 1e-5)) / 2e-5
-    assert abs(float(u.grad) - float(fd)) < 1e-4 * max(1.0, abs(float(fd)))
+        eps = 1e-3  # N m
+        fd = (run(u + eps * d)[0] - run(u - eps * d)[0]) / (2 * eps)
+    g = float((u.grad * d).sum())
+    assert abs(float(fd)) > 1e-3
+    assert abs(g - float(fd)) < 1e-4 * max(1.0, abs(float(fd))), (g, float(fd))
 
 
 def _stand(seconds, dt=2e-3):

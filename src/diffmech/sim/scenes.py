@@ -68,34 +68,67 @@ def racecar(friction=0.002, braked: bool = True, *, speed: float = 1.0, dtype=to
     return scene, q0, v0
 
 
-def golf(*, restitution: float = 0.5, friction: float = 0.3, dtype=torch.float64, device=None):
-    """A two-joint linkage (a golf club) and a ball on the ground in front of it.
+def golf(*, restitution: float = 0.5, friction: float = 0.3, loft: float = 0.5, swing_speed: float = 6.0,
+         wrist_stiffness: float = 300.0, wrist_damping: float = 2.0, dtype=torch.float64, device=None):
+    """A two-joint linkage (an arm and a golf club) in its downswing and a ball on the ground.
 
-    The linkage hangs from a fixed pivot 0.63 m above the ground and swings in the ``x``-``z`` plane
-    (joints about ``+y``; angle 0 hangs straight down, a positive angle lifts the club towards
-    ``-x``): a 0.3 m upper link (1 kg) and a 0.3 m club (0.5 kg) whose capsule (radius 2 cm) ends
-    3 cm above the ground. The ball (radius 2.5 cm, 0.5 kg) rests on the ground 6 cm in front of
-    the club's lowest point. Restitution 0.5 for every pair (the seed's value), friction 0.3.
+    The linkage hangs from a fixed pivot and swings in the ``x``-``z`` plane (joints about ``+y``;
+    angle 0 hangs straight down, a positive angle lifts the club towards ``-x``, the swing goes
+    towards ``+x``): a 0.3 m upper link (1 kg) from the shoulder to the wrist and a club (0.7 kg: a
+    0.2 kg shaft of 0.3 m and a 0.5 kg head at its end). The head's face, its only collision shape,
+    is a plate 4 mm thick, 6 cm wide and 5 cm tall, tilted back by ``loft`` rad, so that a ball
+    struck on it leaves upwards; hanging straight down, the head's lowest corner is 2 mm above the
+    ground (the pivot sits at the height that gives this). The wrist is a spring-damper of the
+    scene (``wrist_stiffness`` N m/rad, ``wrist_damping`` N m s/rad about the straight club; see
+    :class:`~diffmech.sim.Scene`'s ``drives``): with a free wrist the club folds back under the
+    swing's forces and the head passes over the ball. The shoulder is free.
+
+    The ball (radius 2.5 cm, 0.5 kg: the seed's) rests on the ground 5 mm in front of the face of
+    the hanging club. Restitution ``restitution`` (0.5, the seed's) and friction ``friction`` for
+    every pair.
 
     Returns:
-        ``(scene, q0, v0)``: models ``"club"`` (2 joints) and ``"ball"`` (floating base); the
-        club starts raised at ``q = (1.2, 0.6)`` rad, at rest.
+        ``(scene, q0, v0)``: models ``"club"`` (joints ``shoulder``, ``wrist``) and ``"ball"``
+        (floating base); the club starts raised at ``q = (1.2, 0)`` rad and swinging down at
+        ``swing_speed`` rad/s (``v = (-swing_speed, 0)``), so that without any joint torque it
+        reaches the ball about 0.17 s later and drives it about 1.2 m; the ball at rest.
     """
-    links = [LinkSpec("base"),
-             LinkSpec("upper", mass=1.0, com=(0.0, 0.0, -0.15), inertia=_box_inertia(1.0, 0.04, 0.04, 0.3)),
-             LinkSpec("club", mass=0.5, com=(0.0, 0.0, -0.15), inertia=_box_inertia(0.5, 0.04, 0.04, 0.3))]
-    joints = [JointSpec("shoulder", "continuous", "base", "upper", xyz=(0.0, 0.0, 0.63), axis=(0.0, 1.0, 0.0)),
-              JointSpec("wrist", "continuous", "upper", "club", xyz=(0.0, 0.0, -0.3), axis=(0.0, 1.0, 0.0))]
-    club = RobotModel(RobotSpec("club", links, joints), dtype=dtype, device=device)
-    set_collision_shapes(club, "club", Shape("capsule", (0.02, 0.26), xyz=(0.0, 0.0, -0.15)))
     from ..model import systems
 
-    ball = systems.sphere(0.025, 0.5, name="ball", dtype=dtype, device=device)
-    scene = Scene({"club": club, "ball": ball}, friction=friction, restitution=restitution)
+    l1, l2, r = 0.3, 0.3, 0.025
+    hx, hy, hz = 0.004, 0.06, 0.05  # the head's plate: thickness (the face's normal), width, height
+    m_shaft, m_head = 0.2, 0.5
+    clearance, gap = 0.002, 0.005
+    m_club = m_shaft + m_head
+    com = -(m_shaft * l2 / 2 + m_head * l2) / m_club
+    i_swing = (m_shaft * l2**2 / 12 + m_shaft * (l2 / 2 + com) ** 2
+               + m_head * (hx**2 + hz**2) / 12 + m_head * (l2 + com) ** 2)
+    i_axial = m_head * (hx**2 + hy**2) / 12 + m_shaft * 1e-4
+    links = [LinkSpec("base"),
+             LinkSpec("upper", mass=1.0, com=(0.0, 0.0, -l1 / 2), inertia=_box_inertia(1.0, 0.02, 0.02, l1)),
+             LinkSpec("club", mass=m_club, com=(0.0, 0.0, com),
+                      inertia=((i_swing, 0.0, 0.0), (0.0, i_swing, 0.0), (0.0, 0.0, i_axial)))]
+    s, c = math.sin(loft), math.cos(loft)
+    head_z = clearance + s * hx / 2 + c * hz / 2  # height of the head's centre, hanging straight down
+    joints = [JointSpec("shoulder", "continuous", "base", "upper", xyz=(0.0, 0.0, head_z + l1 + l2),
+                        axis=(0.0, 1.0, 0.0)),
+              JointSpec("wrist", "continuous", "upper", "club", xyz=(0.0, 0.0, -l1), axis=(0.0, 1.0, 0.0))]
+    club = RobotModel(RobotSpec("club", links, joints), dtype=dtype, device=device)
+    # rpy (0, -loft, 0) turns the plate's +x normal to (cos loft, 0, sin loft): face forward and up
+    set_collision_shapes(club, "club", Shape("box", (hx, hy, hz), xyz=(0.0, 0.0, -l2), rpy=(0.0, -loft, 0.0)))
+    ball = systems.sphere(r, 0.5, name="ball", dtype=dtype, device=device)
+    opts = dict(dtype=dtype, device=device)
+    drives = {"club": {"stiffness": torch.tensor([0.0, wrist_stiffness], **opts),
+                       "damping": torch.tensor([0.0, wrist_damping], **opts)}}
+    scene = Scene({"club": club, "ball": ball}, friction=friction, restitution=restitution, drives=drives)
     q0 = scene.neutral_configuration().clone()
-    q0[0], q0[1] = 1.2, 0.6
-    q0[2], q0[4] = 0.06, 0.025
-    return scene, q0, torch.zeros(scene.nv, dtype=dtype, device=device)
+    q0[0] = 1.2
+    # ball centre p with n . (p - head centre) = hx / 2 + r + gap, n = (c, 0, s)
+    q0[2] = (hx / 2 + r + gap - s * (r - head_z)) / c
+    q0[4] = r
+    v0 = torch.zeros(scene.nv, **opts)
+    v0[0] = -swing_speed
+    return scene, q0, v0
 
 
 def laikago(n: int = 1, *, stiffness: float = 1000.0, damping: float = 20.0, spacing: float = 1.0,
