@@ -151,3 +151,15 @@ def test_example_runs_on_a_tiny_budget(tmp_path):
     assert grad[-1]["error_m"] < 0.3 * saved["error_initial_m"]
     assert [e["loss"] for e in cma] == sorted((e["loss"] for e in cma), reverse=True)
     assert cma[-1]["error_m"] <= saved["error_initial_m"] + 1e-9
+
+
+def test_sim_run_cli_drops_the_ball_halfway(tmp_path):
+    from diffmech.cli import main
+
+    out = tmp_path / "panda"
+    assert main(["sim", "run", "panda-throw", "--seconds", "0.2", "--dt", "0.01", "--out", str(out), "--no-gif"]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["steps"] == 20 and res["names"] == ["panda", "ball"]
+    rows = [[float(x) for x in r.split(",")] for r in (out / "trajectory.csv").read_text().splitlines()[1:]]
+    z = [r[1 + 11] for r in rows]  # the ball's height: held for 10 steps, then falling
+    assert max(abs(a - z[0]) for a in z[:11]) < 1e-4 and z[-1] < z[0] - 0.02
