@@ -49,17 +49,21 @@ G = 9.81
 DIVERGED = 1e6  # loss of a candidate whose rollout failed (m^2)
 
 
+def landing_step(qs: torch.Tensor, release: int, height: float) -> torch.Tensor:
+    """The step whose state the landing is continued from, ``(...)``: the last before the ball's
+    centre first drops below ``height`` after ``release`` (the last step if it never does)."""
+    z = qs[..., 11].detach()
+    T1 = z.shape[-1]
+    below = (z < height) & (torch.arange(T1, device=z.device) > release)
+    first = torch.where(below.any(-1), below.int().argmax(-1), torch.full_like(z[..., 0], T1, dtype=torch.long))
+    return (first - 1).clamp(min=0)
+
+
 def landing_point(qs: torch.Tensor, vs: torch.Tensor, release: int, height: float, radius: float) -> torch.Tensor:
     """Where the ball lands, ``(..., 2)`` (x, y), from scene trajectories ``qs (..., T+1, 16)``,
     ``vs (..., T+1, 15)``: the parabola from the last state after ``release`` that is still above
     ``height`` while descending, continued down to ``z = radius``."""
-    z = qs[..., 11].detach()
-    T1 = z.shape[-1]
-    steps = torch.arange(T1, device=z.device)
-    below = (z < height) & (steps > release)
-    # the first step below the landing height after the release; its predecessor is the state used
-    first = torch.where(below.any(-1), below.int().argmax(-1), torch.full_like(z[..., 0], T1, dtype=torch.long))
-    k = (first - 1).clamp(min=0)
+    k = landing_step(qs, release, height)
     idx = k[..., None, None]
     q = torch.gather(qs, -2, idx.expand(*k.shape, 1, qs.shape[-1]))[..., 0, :]
     v = torch.gather(vs, -2, idx.expand(*k.shape, 1, vs.shape[-1]))[..., 0, :]
@@ -106,7 +110,7 @@ def run_gradient(prob: Problem, args, progress: bool) -> list[dict]:
                     "max_abs_torque": float(u.detach().abs().max())})
         bar.set_postfix(error_m=f"{log[-1]['error_m']:.4f}")
         if it == args.iterations - 1:
-            break
+            return log, u.detach()
         if opt is not None:
             u.grad = g
             opt.step()
@@ -114,7 +118,7 @@ def run_gradient(prob: Problem, args, progress: bool) -> list[dict]:
             with torch.no_grad():
                 u -= args.step * float(err.detach()) / float(g.square().sum().clamp_min(1e-300)) * g
     bar.close()
-    return log
+    return log, u.detach()
 
 
 def run_cmaes(prob: Problem, args, budget: int, progress: bool) -> tuple[list[dict], dict]:
@@ -204,7 +208,12 @@ def main(argv=None) -> dict:
     progress = not args.no_progress
     prob = Problem(args)
 
-    grad_log = run_gradient(prob, args, progress)
+    grad_log, u_best = run_gradient(prob, args, progress)
+    with torch.no_grad():  # the last iterate's throw: when the ball lands, how fast it left the hand
+        qs, vs = prob.rollout(u_best)
+        k = int(landing_step(qs, prob.release, prob.height))
+        speed = float(((qs[prob.release + 3:, 9:12] - qs[prob.release + 2:-1, 9:12]) / prob.dt).norm(dim=-1)[0])
+    effort = prob.scene.models["panda"].joint_limits()["effort"][:7].tolist()
     budget = int(grad_log[-1]["steps"] * args.cma_factor)
     cma_log, cma_info = run_cmaes(prob, args, budget, progress)
     with torch.no_grad():
@@ -216,7 +225,8 @@ def main(argv=None) -> dict:
            "gradient_wall_s": grad_log[-1]["wall_s"],
            "cmaes_error_m": min((e["error_m"] for e in cma_log), default=float("nan")),
            "cmaes_generations": len(cma_log), "cmaes_wall_s": cma_log[-1]["wall_s"] if cma_log else 0.0,
-           "budget_steps": budget}
+           "budget_steps": budget, "gradient_landing_step": k, "gradient_ball_speed_after_release_mps": speed,
+           "gradient_max_abs_torque_per_joint": u_best.abs().amax(0).tolist(), "urdf_effort_limits": effort}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(out, f, indent=1)
@@ -226,7 +236,8 @@ def main(argv=None) -> dict:
     print(f"initial landing error {out['error_initial_m']:.3f} m; gradient descent: {out['gradient_error_m']:.4f} m "
           f"after {out['gradient_iterations']} iterations ({out['gradient_wall_s']:.0f} s); CMA-ES "
           f"({cma_info['variant']}, population {cma_info['popsize']}): {out['cmaes_error_m']:.4f} m after "
-          f"{out['cmaes_generations']} generations ({out['cmaes_wall_s']:.0f} s), same {budget} simulated steps")
+          f"{out['cmaes_generations']} generations ({out['cmaes_wall_s']:.0f} s), same {budget} simulated steps; "
+          f"the ball lands after step {k}, leaving the hand at {speed:.2f} m/s")
     return out
 
 

@@ -151,6 +151,9 @@ def test_example_runs_on_a_tiny_budget(tmp_path):
     assert grad[-1]["error_m"] < 0.3 * saved["error_initial_m"]
     assert [e["loss"] for e in cma] == sorted((e["loss"] for e in cma), reverse=True)
     assert cma[-1]["error_m"] <= saved["error_initial_m"] + 1e-9
+    assert 10 < saved["gradient_landing_step"] < 40 and saved["gradient_ball_speed_after_release_mps"] > 0
+    assert saved["urdf_effort_limits"] == [87.0] * 4 + [12.0] * 3
+    assert len(saved["gradient_max_abs_torque_per_joint"]) == 7
 
 
 def test_sim_run_cli_drops_the_ball_halfway(tmp_path):
