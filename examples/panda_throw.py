@@ -165,7 +165,7 @@ def plot(grad_log, cma_log, path, title, grad_label):
     for log, label, key in ((grad_log, grad_label, "iteration"), (cma_log, "CMA-ES (best so far)", "generation")):
         if not log:
             continue
-        err = [max(e["error_m"], 1e-6) for e in log]
+        err = [max(e["error_m"], 1e-12) for e in log]
         ax[0].semilogy([e[key] for e in log], err, "o-", ms=3, label=label)
         ax[1].semilogy([e["steps"] for e in log], err, "o-", ms=3, label=label)
         ax[2].semilogy([e["wall_s"] for e in log], err, "o-", ms=3, label=label)
