@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-SCENES = ("racecar", "racecar-rolling", "golf", "laikago")
+SCENES = ("racecar", "racecar-rolling", "golf", "laikago", "panda-throw")
 
 
 def add_sim_parser(sub) -> argparse.ArgumentParser:
@@ -19,7 +19,8 @@ def add_sim_parser(sub) -> argparse.ArgumentParser:
     run = ssub.add_parser("run", help="roll out a scene under zero commanded torque; trajectory, stats and a GIF",
                           description="Roll out SCENE (zero commanded torque) and write DIR/trajectory.csv "
                                       "(t, q, v), DIR/results.json (the rollout's stats, wall time) and "
-                                      "DIR/animation.gif (the collision shapes in 3-D).")
+                                      "DIR/animation.gif (the collision shapes in 3-D). panda-throw: the Panda "
+                                      "holds the ball still and opens its fingers halfway through.")
     run.add_argument("scene", choices=SCENES)
     run.add_argument("--seconds", type=float, default=1.0, help="simulated time (default: %(default)s)")
     run.add_argument("--dt", type=float, default=1e-3, help="time step, s (default: %(default)s)")
@@ -47,13 +48,18 @@ def run_sim(args) -> int:
             scene, q0, v0 = scenes.racecar(mu, braked=args.scene == "racecar")
         elif args.scene == "golf":
             scene, q0, v0 = scenes.golf()
+        elif args.scene == "panda-throw":
+            scene, q0, v0 = scenes.panda_throw()
         else:
             scene, q0, v0 = scenes.laikago(1)
         T = max(1, round(args.seconds / args.dt))
+        tau = torch.zeros(T, scene.nv, dtype=q0.dtype)
+        if args.scene == "panda-throw":  # the fingers open halfway: the ball drops
+            tau = scenes.panda_throw_torques(tau[:, :7], T // 2)
         stats: dict = {}
         t0 = time.perf_counter()
         with torch.no_grad():
-            qs, vs = rollout(scene, q0, v0, torch.zeros(T, scene.nv, dtype=q0.dtype), args.dt, stats=stats,
+            qs, vs = rollout(scene, q0, v0, tau, args.dt, stats=stats,
                              progress=sys.stderr.isatty())
         wall = time.perf_counter() - t0
         os.makedirs(out, exist_ok=True)

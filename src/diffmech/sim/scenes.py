@@ -18,7 +18,7 @@ from ..model.spec import JointSpec, LinkSpec, RobotSpec
 from ..robot import RobotModel
 from .scene import Scene
 
-__all__ = ["racecar", "golf", "laikago"]
+__all__ = ["racecar", "golf", "laikago", "panda_throw", "panda_throw_torques"]
 
 
 def _box_inertia(m, lx, ly, lz):
@@ -171,3 +171,111 @@ def laikago(n: int = 1, *, stiffness: float = 1000.0, damping: float = 20.0, spa
         q0[sl.start + 1] = i * spacing
         q0[sl.start + 2] = toe
     return scene, q0, torch.zeros(scene.nv, dtype=dtype, device=device)
+
+
+# ---------------------------------------------------------------------------------- panda_throw
+PANDA_THROW_Q = (0.0, -0.3, 0.0, -2.2, 0.0, 1.9, math.pi / 4)  # rad: hand pointing down, 0.5 m above the ground
+_PAD_Z = 0.044  # m: the pads' centre on the finger links' z axis (the upper half of the fingertip)
+_PAD = (0.02, 0.01, 0.02)  # m: the pad boxes (x: finger width, y: thickness, z: height)
+
+
+def panda_throw(*, ball_mass: float = 0.05, ball_radius: float = 0.01, grip_force: float = 10.0,
+                arm_stiffness=(60.0, 60.0, 60.0, 60.0, 20.0, 20.0, 20.0),
+                arm_damping=(10.0, 10.0, 10.0, 10.0, 2.0, 2.0, 2.0),
+                friction: float = 0.5, dtype=torch.float64, device=None):
+    """A Franka Panda holding a ball between its fingers, ready to throw it.
+
+    The robot is PyBullet's ``franka_panda/panda.urdf`` (``pybullet_data``; its inertias are
+    PyBullet's) with 9 degrees of freedom: the 7 arm joints and the two prismatic fingers as
+    independent joints (the URDF's ``<mimic>`` is dropped, so each finger has its own coordinate
+    and force). Its collision meshes are not used; each finger gets one box pad (2 x 1 x 2 cm, the
+    inner face on the finger's sliding plane, so a finger at ``q`` has its face ``q`` from the
+    hand's mid-plane) with the URDF's lateral friction 1.0; the other links have no collision
+    shapes. The ball (``ball_mass`` kg, radius ``ball_radius`` m, a free body) is held between the
+    pads through contact alone. Ground plane friction ``friction``.
+
+    The scene holds everything still under zero commanded torque, by joint drives of the scene
+    (see :class:`~diffmech.sim.Scene`'s ``drives``):
+
+    * the arm joints: an impedance ``arm_stiffness`` (N m/rad) and ``arm_damping`` (N m s/rad)
+      about targets offset from the start pose by the gravity torques of the arm and the ball, so
+      the start pose is an equilibrium; commanded torques act on top of it;
+    * the fingers: springs (500 N/m, damping 5 N s/m) whose targets lie ``grip_force / 500`` m
+      inside the ball, so each pad squeezes it with ``grip_force`` N.
+
+    :func:`panda_throw_torques` opens the fingers at a chosen step (releasing the ball).
+
+    Returns:
+        ``(scene, q0, v0)``: models ``"panda"`` (``q[0:7]`` arm, ``q[7:9]`` fingers) and
+        ``"ball"`` (``q[9:16]``, position and quaternion; ``v[9:15]``), at rest in the pose
+        :data:`PANDA_THROW_Q` with the hand pointing down and the ball's centre 0.40 m above the
+        ground.
+    """
+    try:
+        import pybullet_data
+    except ImportError:
+        raise ModelError("scenes.panda_throw needs the URDF from the pybullet_data package: "
+                         "pip install pybullet") from None
+    import dataclasses
+
+    from ..model import systems
+    from ..model.urdf import parse_urdf
+
+    if not (ball_radius > 0 and ball_mass > 0 and grip_force > 0):
+        raise ModelError(f"scenes.panda_throw: ball_radius, ball_mass and grip_force must be positive, got "
+                         f"{ball_radius}, {ball_mass}, {grip_force}")
+    if ball_radius > 0.035:
+        raise ModelError(f"scenes.panda_throw: the fingers open to 4 cm each; ball_radius {ball_radius} m is too large")
+    path = os.path.join(pybullet_data.getDataPath(), "franka_panda", "panda.urdf")
+    with warnings.catch_warnings():  # its meshes are not used for contact: nothing to warn about
+        warnings.simplefilter("ignore")
+        spec = parse_urdf(path)
+    spec.joints = [dataclasses.replace(j, mimic=None) for j in spec.joints]
+    robot = RobotModel(spec, dtype=dtype, device=device)
+    robot.meta["collision"] = {}  # no mesh shapes
+    set_collision_shapes(robot, "panda_leftfinger", Shape("box", _PAD, xyz=(0.0, _PAD[1] / 2, _PAD_Z)))
+    set_collision_shapes(robot, "panda_rightfinger", Shape("box", _PAD, xyz=(0.0, -_PAD[1] / 2, _PAD_Z)))
+    ball = systems.sphere(ball_radius, ball_mass, name="ball", dtype=dtype, device=device)
+
+    opts = dict(dtype=dtype, device=device)
+    qa = torch.tensor(PANDA_THROW_Q + (ball_radius, ball_radius), **opts)
+    hand = robot.link_names.index("panda_hand")
+    finger_origin = 0.0584  # m: the fingers' joint origin on the hand's z axis (URDF)
+    offset = torch.tensor([0.0, 0.0, finger_origin + _PAD_Z], **opts)
+
+    def ball_centre(q):
+        T = robot.forward_kinematics(q)[hand]
+        return T[:3, 3] + T[:3, :3] @ offset
+
+    zero = torch.zeros(9, **opts)
+    with torch.no_grad():
+        g = robot.inverse_dynamics(qa, zero, zero)
+        centre = ball_centre(qa)
+    # The ball's weight, carried by the hand: the joint torques J^T (m g e_z) hold it up.
+    Jb = torch.autograd.functional.jacobian(ball_centre, qa)  # (3, 9)
+    g = g + Jb[2] * ball_mass * 9.81
+    kp_f, kd_f = 500.0, 5.0
+    kp = torch.cat([torch.as_tensor(arm_stiffness, **opts).expand(7), torch.full((2,), kp_f, **opts)])
+    kd = torch.cat([torch.as_tensor(arm_damping, **opts).expand(7), torch.full((2,), kd_f, **opts)])
+    if bool((kp[:7] <= 0).any()):
+        raise ModelError(f"scenes.panda_throw: arm_stiffness must be positive, got {arm_stiffness}")
+    target = torch.cat([qa[:7] + g[:7] / kp[:7], torch.full((2,), ball_radius - grip_force / kp_f, **opts)])
+    scene = Scene({"panda": robot, "ball": ball}, friction=friction,
+                  drives={"panda": {"stiffness": kp, "damping": kd, "target": target}})
+    q0 = scene.neutral_configuration().clone()
+    q0[:9] = qa
+    q0[9:12] = centre
+    return scene, q0, torch.zeros(scene.nv, **opts)
+
+
+def panda_throw_torques(arm_torques, release_step: int, *, open_force: float = 40.0, nv: int = 15):
+    """The scene torques ``(..., T, nv)`` of :func:`panda_throw` from arm torques ``(..., T, 7)``
+    (N m, added to the scene's drives): zero finger force before ``release_step``, from it on
+    ``open_force`` N opening each finger (more than the grip springs pull back at full opening,
+    so the fingers open to their 4 cm limits and let the ball go)."""
+    if arm_torques.shape[-1] != 7:
+        raise ModelError(f"panda_throw_torques: arm_torques must be (..., T, 7), got {tuple(arm_torques.shape)}")
+    fingers = torch.zeros(*arm_torques.shape[:-1], 2, dtype=arm_torques.dtype, device=arm_torques.device)
+    fingers[..., int(release_step):, :] = open_force
+    rest = torch.zeros(*arm_torques.shape[:-1], nv - 9, dtype=arm_torques.dtype, device=arm_torques.device)
+    return torch.cat([arm_torques, fingers, rest], -1)
