@@ -93,8 +93,8 @@ def _reverse(ctx, gQ, gV, Qs, Vs, tau, params, aq, av, gtau, gp):
             v = Vs[:, k].detach().requires_grad_()
             tk = tau[:, k].detach().requires_grad_() if ctx.has_tau else None
             u = tk if tk is not None else ctrl(k, q, v, None)
-            # started from this step's own solution, the solver confirms it in one check
-            q1, v1 = contact_step(scene, q, v, u, dt, warm=ctx.warm[k + 1])
+            # the forward pass's warm start: the recomputed step is the forward step, bit for bit
+            q1, v1 = contact_step(scene, q, v, u, dt, warm=ctx.warm[k])
             ins = [q, v] + ([tk] if tk is not None else []) + list(params)
             gs = torch.autograd.grad((q1, v1), ins, (aq, av), allow_unused=True)
         bad = [i for i, g in enumerate(gs) if g is not None and not torch.isfinite(g).all()]
