@@ -435,13 +435,15 @@ class _DELModel(LearnedDynamics):
         samples still unconverged then continue alone, so a few slow ones do not cost whole-batch
         evaluations.
         """
+        grad = torch.is_grad_enabled()
+        params = [p for p in self.parameters() if p.requires_grad] if grad else []
+        # with gradients, keep the network's jets at the first midpoint and at the root for the backward pass
+        self.net.record_jets(bool(params) and self.fast_vjp)
         with torch.no_grad():
             c, H = self.known_part(q_prev, q, u_prev, u, u_next)
         x0 = (2 * q - q_prev).detach() if x0 is None else x0.detach()
         tol_b = self.tolerance(q, H, self.tol if tol is None else tol)
         max_iter = self.max_iter if max_iter is None else max_iter
-        grad = torch.is_grad_enabled()
-        params = [p for p in self.parameters() if p.requires_grad] if grad else []
         if not params and x0.dim() == 2 and update in (None, "chord"):
             return self._solve_no_grad(x0, q.detach(), c, tol_b, max_iter)
         update = update or ("newton" if grad and params else "chord")

@@ -150,25 +150,28 @@ def _tanh_jet_(z: Tensor, n: int, pj: tuple, pk: tuple) -> Tensor:
 
 
 def _head_jet_nograd(q: Tensor, W1: Tensor, b1: Tensor, W2: Tensor, b2: Tensor, Wh: Tensor, bh: Tensor,
-                     stack: Tensor, n: int, pj: tuple, pk: tuple) -> Tensor:
+                     stack: Tensor, n: int, pj: tuple, pk: tuple, record: list | None = None) -> Tensor:
     """:func:`_head_jet_fn` without a graph from the embedding's jet ``stack (K, ..., n_in)``: each
     layer one matrix product into a fresh stack, the bias added to its value rows and the activation's
-    jet computed in place."""
+    jet computed in place. ``record``: a list that receives the layers' input jets ``(stack, h1, h2)``."""
     z = stack @ W1.T
     z[0].add_(b1)
-    h = _tanh_jet_(z, n, pj, pk)
-    z = h @ W2.T
+    h1 = _tanh_jet_(z, n, pj, pk)
+    z = h1 @ W2.T
     z[0].add_(b2)
-    h = _tanh_jet_(z, n, pj, pk)
-    out = h @ Wh.T
+    h2 = _tanh_jet_(z, n, pj, pk)
+    out = h2 @ Wh.T
     out[0].add_(bh)
+    if record is not None:
+        record.extend((stack, h1, h2))
     return out
 
 
 def _head_jet_fn(q: Tensor, W1: Tensor, b1: Tensor, W2: Tensor, b2: Tensor, Wh: Tensor, bh: Tensor, P_lin: Tensor,
                  S_cos: Tensor, S_sin: Tensor, lin: Tensor, ang: Tensor, pjt: Tensor, pkt: Tensor, order: int,
-                 pj: tuple, pk: tuple) -> Tensor:
-    """The heads' output jets ``(K, ..., m)`` of :class:`LagrangianNet` as a pure function of its tensors."""
+                 pj: tuple, pk: tuple, record: list | None = None) -> Tensor:
+    """The heads' output jets ``(K, ..., m)`` of :class:`LagrangianNet` as a pure function of its tensors
+    (``record``: see :func:`_head_jet_nograd`; used without a graph only)."""
     n = P_lin.shape[0]
     if order == 2 and n == 1 and ang.numel() == 1:  # the pendulum: (cos, sin) and its jets
         c, sn = torch.cos(q), torch.sin(q)
@@ -188,7 +191,7 @@ def _head_jet_fn(q: Tensor, W1: Tensor, b1: Tensor, W2: Tensor, b2: Tensor, Wh: 
                 parts.append((-(c[..., list(pj), None] * Sc + sn[..., list(pj), None] * Ss)).movedim(-2, 0))
             stack = torch.cat(parts, 0)
     if not (torch.is_grad_enabled() and any(w.requires_grad for w in (q, W1, b1, W2, b2, Wh, bh))):
-        return _head_jet_nograd(q, W1, b1, W2, b2, Wh, bh, stack, n, pj, pk)
+        return _head_jet_nograd(q, W1, b1, W2, b2, Wh, bh, stack, n, pj, pk, record)
     z = _add_to_value(stack @ W1.T, b1)
     h = _tanh_jet(z, n, pjt, pkt)
     z2 = _add_to_value(h @ W2.T, b2)
@@ -215,6 +218,15 @@ def _tanh_dir_(z: Tensor) -> tuple[Tensor, Tensor]:
     return z, t
 
 
+def _value_and_direction(X: Tensor, d: Tensor) -> Tensor:
+    """``(X[0], sum_k d_k X[1 + k])`` stacked ``(2, ..., w)`` from a jet stack ``X (K, ..., w)``, ``d (..., n)``."""
+    n = d.shape[-1]
+    Xd = X[1] * d[..., :1]
+    for k in range(1, n):
+        Xd.addcmul_(X[1 + k], d[..., k:k + 1])
+    return torch.stack([X[0], Xd])
+
+
 class _DirectionalHeads(torch.autograd.Function):
     """Heads' outputs of :class:`LagrangianNet` at ``q`` and their derivatives along ``d``, with a
     hand-written reverse pass for the parameters (``q`` and ``d`` are constants: no gradient).
@@ -226,14 +238,18 @@ class _DirectionalHeads(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, d, lin, ang, W1, b1, W2, b2, Wh, bh):
-        S = _embed_dir(q, d, lin, ang)
-        Z1 = S @ W1.T
-        Z1[0].add_(b1)
-        H1, t1 = _tanh_dir_(Z1)
-        Z2 = H1 @ W2.T
-        Z2[0].add_(b2)
-        H2, t2 = _tanh_dir_(Z2)
+    def forward(ctx, q, d, lin, ang, W1, b1, W2, b2, Wh, bh, pre=None):
+        if pre is None:
+            S = _embed_dir(q, d, lin, ang)
+            Z1 = S @ W1.T
+            Z1[0].add_(b1)
+            H1, t1 = _tanh_dir_(Z1)
+            Z2 = H1 @ W2.T
+            Z2[0].add_(b2)
+            H2, t2 = _tanh_dir_(Z2)
+        else:  # the layers' inputs (value, direction) from jets already evaluated at q
+            S, H1, H2 = pre
+            t1, t2 = 1 - H1[0] * H1[0], 1 - H2[0] * H2[0]
         O = H2 @ Wh.T
         O[0].add_(bh)
         ctx.save_for_backward(S, H1, t1, H2, t2, W2, Wh)
@@ -262,7 +278,7 @@ class _DirectionalHeads(torch.autograd.Function):
         GZ1 = back(GZ2 @ W2, H1, t1)
         gW1 = flat(GZ1).T @ flat(S)
         gb1 = flat(GZ1[0]).sum(0)
-        return None, None, None, None, gW1, gb1, gW2, gb2, gWh, gbh
+        return None, None, None, None, gW1, gb1, gW2, gb2, gWh, gbh, None
 
 
 class LagrangianNet(nn.Module):
@@ -299,6 +315,7 @@ class LagrangianNet(nn.Module):
         self.head_bias = nn.Parameter(torch.cat([m.bias.detach() for m in heads], 0))
         self.inertia_kind = inertia
         self.eps = eps
+        self._tapes: list | None = None
         self._pj, self._pk = pair_index(n)
         self.register_buffer("_pjt", torch.tensor(self._pj, dtype=torch.long), persistent=False)
         self.register_buffer("_pkt", torch.tensor(self._pk, dtype=torch.long), persistent=False)
@@ -323,7 +340,39 @@ class LagrangianNet(nn.Module):
         e, t = self.embed, self.trunk
         args = (q, t.l1.weight, t.l1.bias, t.l2.weight, t.l2.bias, self.head_weight, self.head_bias, e.P_lin,
                 e.S_cos, e.S_sin, e.lin, e.ang, self._pjt, self._pkt, order, tuple(self._pj), tuple(self._pk))
-        return _head_jet_fn(*args)
+        if self._tapes is None or order < 1:
+            return _head_jet_fn(*args)
+        rec: list = []
+        out = _head_jet_fn(*args, record=rec)
+        if rec:  # evaluated without a graph: keep the jets for directional_heads (the first and the latest)
+            entry = (q, self._param_key(), *rec)
+            if len(self._tapes) < 2:
+                self._tapes.append(entry)
+            else:
+                self._tapes[1] = entry
+        return out
+
+    def _params(self) -> tuple[Tensor, ...]:
+        t = self.trunk
+        return t.l1.weight, t.l1.bias, t.l2.weight, t.l2.bias, self.head_weight, self.head_bias
+
+    def _param_key(self) -> tuple:
+        return tuple((id(p), p._version) for p in self._params())
+
+    def record_jets(self, on: bool) -> None:
+        """Start (or stop) keeping the first and the latest first-order (or higher) jets evaluated without
+        a graph, for :meth:`directional_heads` at the same points with the same weights. A Newton solve
+        turns it on: the implicit backward pass then needs no forward pass of the network."""
+        self._tapes = [] if on else None
+
+    def _find_tape(self, q: Tensor):
+        if not self._tapes:
+            return None
+        key = self._param_key()
+        for e in self._tapes:
+            if e[1] == key and e[0].shape == q.shape and e[0].dtype == q.dtype and torch.equal(e[0], q):
+                return e
+        return None
 
     def directional_heads(self, q: Tensor, d: Tensor) -> tuple[Tensor, Tensor]:
         """The heads' outputs ``o (..., 1 + n + n(n-1)/2)`` (``[V, Cholesky diagonal pre-activations,
@@ -337,9 +386,14 @@ class LagrangianNet(nn.Module):
         if q.shape[-1] != self.n or d.shape != q.shape:
             raise ShapeError(f"LagrangianNet.directional_heads: q and d must both be (..., {self.n}), got "
                              f"{tuple(q.shape)} and {tuple(d.shape)}")
-        e, t = self.embed, self.trunk
-        return _DirectionalHeads.apply(q.detach(), d.detach(), e.lin, e.ang, t.l1.weight, t.l1.bias, t.l2.weight,
-                                       t.l2.bias, self.head_weight, self.head_bias)
+        e = self.embed
+        pre = None
+        if self._tapes and q.dim() >= 2:
+            tapes = [self._find_tape(q[i]) for i in range(q.shape[0])]
+            if all(tp is not None for tp in tapes):
+                pre = tuple(torch.stack([_value_and_direction(tp[2 + a], d[i]) for i, tp in enumerate(tapes)], 1)
+                            for a in range(3))
+        return _DirectionalHeads.apply(q.detach(), d.detach(), e.lin, e.ang, *self._params(), pre)
 
     def jet_scalar(self, q: Tensor, order: int = 1):
         """The 1-DoF case of :meth:`jet` with every entry a tensor of the batch shape ``(...)``."""
