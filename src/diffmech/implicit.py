@@ -397,6 +397,12 @@ def newton_solve(
             choice for warm-started solves without gradients. ``update="broyden"`` is treated as
             ``"newton"`` here; ``jacobian`` and ``approx_jacobian`` are not used by the forward
             iterations.
+        weighted_residual: optional ``s = weighted_residual(x, w, *params)``, the scalar
+            ``sum(w * residual_fn(x, *params))`` for a cotangent ``w (..., n)``, differentiable
+            w.r.t. the parameters. The backward pass then differentiates it instead of
+            ``residual_fn`` (the vector-Jacobian product in a cheaper form, e.g. with the
+            contraction by ``w`` taken inside a network's derivatives); gradients w.r.t. ``x`` and
+            ``w`` are not needed from it.
 
     Returns:
         ``x (..., n)``, the root, in ``x0``'s dtype and device; or ``(x, status)`` when
