@@ -18,9 +18,12 @@ from positions only.
 
 Newton here is batched and exact: the residual and its Jacobian come from one pass of the network
 carrying analytic second derivatives (no row-by-row autograd, no copy of the network), and every
-solve reports per-sample convergence. With ``dissipation=True`` the Lagrangian models also learn a
-constant Rayleigh dissipation ``R = v^T D v / 2``, ``D = L_D L_D^T``; its force ``-D v`` enters the
-continuous dynamics (L-NODE) or the discrete forces at the step midpoints (SyMo).
+solve reports per-sample convergence. E2E-SyMo's implicit backward pass contracts the residual with
+its adjoint vector before differentiating (:meth:`_DELModel.weighted_del_residual`): one directional
+derivative of the network per midpoint, from the activations kept from the forward evaluations.
+With ``dissipation=True`` the Lagrangian models also learn a constant Rayleigh dissipation
+``R = v^T D v / 2``, ``D = L_D L_D^T``; its force ``-D v`` enters the continuous dynamics (L-NODE) or
+the discrete forces at the step midpoints (SyMo).
 
 Training-time quirks of the seed kept by default: NODE and L-NODE train with torchdiffeq's
 ``rk4`` (the 3/8 rule) and are evaluated with classic RK4; the 1-DoF inertia is

@@ -10,6 +10,10 @@ coordinate, as a stack ``(..., K, width)`` with ``K = 1 + n (+ n(n+1)/2)``. Each
 one matrix product on the stack, the whole computation is plain tensor code (so reverse mode
 gives parameter gradients through it in one pass, and ``torch.func`` transforms compose with it),
 and no graph of a graph is built.
+Without a graph the jets are computed in place. :meth:`LagrangianNet.directional_heads` gives the
+heads' outputs with their derivative along one vector per sample and a hand-written reverse pass for
+the parameters, optionally from jets kept from earlier no-graph evaluations at the same points
+(:meth:`LagrangianNet.record_jets`).
 
 Initialisation follows the seed exactly: layers are created in its order with PyTorch's default
 initialisation, then the trunk's (and NODE's output) layers are re-initialised Xavier-uniform with
