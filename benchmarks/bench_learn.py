@@ -53,10 +53,12 @@ MARK_START, MARK_END = "<!-- bench_learn:start -->", "<!-- bench_learn:end -->"
 # The seed's code measured on this machine (issue 11): ms per step at B = 32 / 128 / 512, 1 thread.
 SEED_MS = {"pendulum": (14, 23, 43), "cartpole": (32, 45, 137)}
 TARGET_RATIO = 5.0
-# Wall-clock ratios (cold, warm start) of the run of 2026-11-23T16:25:46 (commit e5db2bd's code: the implicit
-# backward by autograd through the first-order jets of both midpoints, jets built by concatenation).
-BEFORE = {("pendulum", 32): (2.9, 4.0), ("pendulum", 128): (2.6, 3.0), ("pendulum", 512): (2.0, 2.6),
-          ("cartpole", 32): (3.8, 5.1), ("cartpole", 128): (3.4, 2.4), ("cartpole", 512): (1.4, 1.6)}
+# The code before the directional implicit backward pass and the in-place jets (commit e5db2bd), measured by
+# this script (`--no-md --out benchmarks/results/learn_base_e5db2bd.json`) on 2026-11-26T09:08:47, just
+# before the run in BENCHMARKS.md: wall-clock ratios (cold, warm start) and CPU-time ratios (cold, warm).
+BEFORE = {("pendulum", 32): (2.9, 3.7, 3.3, 3.7), ("pendulum", 128): (2.4, 3.1, 2.6, 3.2),
+          ("pendulum", 512): (2.3, 2.6, 2.2, 2.5), ("cartpole", 32): (3.3, 3.5, 3.1, 3.7),
+          ("cartpole", 128): (1.9, 2.1, 1.9, 2.3), ("cartpole", 512): (1.5, 1.7, 1.5, 1.7)}
 
 
 # ----------------------------------------------------------------------------- the reference-style baseline
@@ -303,7 +305,7 @@ def measure(system_name: str, B: int, repeats: int) -> dict:
 
 def table(rows: list[dict]) -> str:
     lines = ["| system | B | reference-style (ms) | diffmech (ms) | ratio | diffmech, warm start (ms) | ratio | "
-             "CPU ms ref / ours / warm | CPU ratio (warm) | before: ratio (warm) | "
+             "CPU ms ref / ours / warm | CPU ratio (warm) | before: ratio (warm), CPU ratio (warm) | "
              "seed's code, issue (ms) | Newton its ref / ours | grad. rel. diff. |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -312,7 +314,7 @@ def table(rows: list[dict]) -> str:
                      f"{r['ratio']:.1f}x | {r['diffmech_warm_ms']:.2f} | {r['ratio_warm']:.1f}x | "
                      f"{r['ref_cpu_ms']:.1f} / {r['diffmech_cpu_ms']:.2f} / {r['diffmech_warm_cpu_ms']:.2f} | "
                      f"{r['ratio_cpu']:.1f}x ({r['ratio_warm_cpu']:.1f}x) | "
-                     f"{f'{before[0]:.1f}x ({before[1]:.1f}x)' if before else '-'} | "
+                     f"{'{:.1f}x ({:.1f}x), {:.1f}x ({:.1f}x)'.format(*before) if before else '-'} | "
                      f"{r['seed_code_ms'] if r['seed_code_ms'] is not None else '-'} | "
                      f"{r['newton_iters_ref']:.1f} / {r['newton_iters_diffmech']:.1f} | {r['grad_rel_diff']:.1e} |")
     return "\n".join(lines)
@@ -379,8 +381,9 @@ def main(argv=None) -> int:
             "(previous epoch). Each time is the median of three interleaved blocks of "
             f"{max(repeats // 3, 3)} steps; *CPU ms* is the same median in CPU time of the process's thread "
             "(`time.thread_time`), which the other jobs on the machine inflate less than the wall clock. "
-            "*before*: the wall-clock ratios of the previous run (2026-11-23, before the directional backward "
-            "pass and the in-place jets). The last column is the relative difference of the two "
+            "*before*: the ratios of the code before the directional backward pass and the in-place jets "
+            "(commit e5db2bd), measured by this script just before this run "
+            "(`benchmarks/results/learn_base_e5db2bd.json`). The last column is the relative difference of the two "
             "implementations' parameter gradients at the initial weights (float32; the stopping rules differ).",
             "",
             table(rows),
