@@ -112,3 +112,24 @@ def test_e2e_backward_paths_agree(mask):
     with torch.no_grad():  # and solves without gradients keep none
         m.predict(b)
     assert m.net._tapes is None
+
+
+@pytest.mark.parametrize("name", ["node-rk4", "lnode-rk4", "symo", "e2e-symo"])
+def test_training_step_on_arrays_large_enough_for_the_sigmoid_tanh(name):
+    """Batch x width above the size where tanh is computed through the sigmoid (in place only without a
+    graph): the objective's gradient exists, is finite, and the one of the trunk matches float64's."""
+    from diffmech.learn import build_model
+
+    grads = {}
+    for dtype in (torch.float32, torch.float64):
+        torch.manual_seed(11)
+        m = build_model(name, (False, True), 0.05, width=256, input_matrix=torch.tensor([[1.0], [0.0]])).to(dtype)
+        b = _batch(2, B=32, seed=12)
+        b = StepSamples(b.q_prev, b.q, b.v, b.q_next, b.v_next, b.u_prev[:, :1], b.u[:, :1],
+                        b.u_next[:, :1]).to(dtype=dtype)
+        loss, _ = m.objective(b)
+        loss.backward()
+        grads[dtype] = next(p for n, p in m.named_parameters() if n.endswith("l2.weight")).grad
+    assert torch.isfinite(grads[torch.float32]).all()
+    assert torch.allclose(grads[torch.float32].double(), grads[torch.float64], rtol=1e-3,
+                          atol=1e-4 * float(grads[torch.float64].abs().max()))

@@ -88,6 +88,8 @@ def _tanh(x: Tensor) -> Tensor:
     # Smaller ones: one operation instead of four (per-call overhead rules).
     if x.numel() < 6144:
         return torch.tanh(x)
+    if torch.is_grad_enabled() and x.requires_grad:  # sigmoid's backward reads its output: no in-place
+        return 2 * torch.sigmoid(2 * x) - 1
     return torch.sigmoid(2 * x).mul_(2).sub_(1)
 
 
