@@ -246,4 +246,3 @@ def test_straggler_phase_and_float32_tolerance_floor():
     x2, st2 = m64.solve(b64.q_prev, b64.q, b64.u_prev, b64.u, b64.u_next, tol=1e-12, max_iter=20)
     assert st1.converged.all() and st2.converged.all()
     assert torch.allclose(x1, x2, atol=1e-11)
-
