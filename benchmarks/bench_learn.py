@@ -9,9 +9,12 @@ parameters, and the implicit-function-theorem backward as a custom identity whos
 ``g -> -g^T J^{-1}`` (the Jacobian rebuilt row by row on the copy).
 
 diffmech's step is :class:`diffmech.learn.E2ESyMo`'s objective: the residual and its Jacobian from
-one pass of the network carrying analytic second derivatives, batched Newton in
-:func:`diffmech.implicit.newton_solve` with per-sample convergence, the Jacobian at the root reused
-by the implicit backward pass. Both start from the seed's guess ``2 q_k - q_{k-1}``, with the same
+one pass of the network carrying analytic second derivatives (computed in place, no graph), batched
+Newton in :func:`diffmech.implicit.newton_solve` with per-sample convergence, the Jacobian at the root
+reused by the implicit backward pass, whose vector-Jacobian product is the residual contracted with
+the adjoint vector: one directional derivative of the network per midpoint, formed from the
+activations kept from the forward evaluations and differentiated by a hand-written reverse pass.
+Both start from the seed's guess ``2 q_k - q_{k-1}``, with the same
 weights (``torch.manual_seed(230)``), data (the seed's training samples) and tolerance (1e-5,
 10 iterations). The cells cross-check the loss and the parameter gradients of the two.
 
@@ -50,6 +53,12 @@ MARK_START, MARK_END = "<!-- bench_learn:start -->", "<!-- bench_learn:end -->"
 # The seed's code measured on this machine (issue 11): ms per step at B = 32 / 128 / 512, 1 thread.
 SEED_MS = {"pendulum": (14, 23, 43), "cartpole": (32, 45, 137)}
 TARGET_RATIO = 5.0
+# The code before the directional implicit backward pass and the in-place jets (commit e5db2bd), measured by
+# this script (`--no-md --out benchmarks/results/learn_base_e5db2bd.json`) on 2026-11-26T09:08:47, just
+# before the run in BENCHMARKS.md: wall-clock ratios (cold, warm start) and CPU-time ratios (cold, warm).
+BEFORE = {("pendulum", 32): (2.9, 3.7, 3.3, 3.7), ("pendulum", 128): (2.4, 3.1, 2.6, 3.2),
+          ("pendulum", 512): (2.3, 2.6, 2.2, 2.5), ("cartpole", 32): (3.3, 3.5, 3.1, 3.7),
+          ("cartpole", 128): (1.9, 2.1, 1.9, 2.3), ("cartpole", 512): (1.5, 1.7, 1.5, 1.7)}
 
 
 # ----------------------------------------------------------------------------- the reference-style baseline
@@ -212,15 +221,18 @@ class _Batch:
                                                   for u in (s.u_prev, s.u, s.u_next))
 
 
-def median_ms(fn, repeats: int, warmup: int = 3) -> tuple[float, list[float]]:
+def median_ms(fn, repeats: int, warmup: int = 3) -> tuple[float, float]:
+    """Median wall-clock and median CPU time (this thread) of ``fn`` in ms."""
     for _ in range(warmup):
         fn()
-    ts = []
+    ts, cs = [], []
     for _ in range(repeats):
+        c = time.thread_time()
         t = time.perf_counter()
         fn()
         ts.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(ts), ts
+        cs.append((time.thread_time() - c) * 1e3)
+    return statistics.median(ts), statistics.median(cs)
 
 
 def measure(system_name: str, B: int, repeats: int) -> dict:
@@ -273,12 +285,19 @@ def measure(system_name: str, B: int, repeats: int) -> dict:
     # interleave so that load changes on the shared machine hit both alike
     t_ref, t_ours, t_warm = [], [], []
     for _ in range(3):
-        t_ref.append(median_ms(step_ref, max(repeats // 3, 3), 1)[0])
-        t_ours.append(median_ms(step_ours, max(repeats // 3, 3), 1)[0])
-        t_warm.append(median_ms(step_warm, max(repeats // 3, 3), 1)[0])
-    ms_ref, ms_ours, ms_warm = statistics.median(t_ref), statistics.median(t_ours), statistics.median(t_warm)
+        t_ref.append(median_ms(step_ref, max(repeats // 3, 3), 1))
+        t_ours.append(median_ms(step_ours, max(repeats // 3, 3), 1))
+        t_warm.append(median_ms(step_warm, max(repeats // 3, 3), 1))
+
+    def med(ts, i):
+        return statistics.median(t[i] for t in ts)
+
+    ms_ref, ms_ours, ms_warm = med(t_ref, 0), med(t_ours, 0), med(t_warm, 0)
+    cpu_ref, cpu_ours, cpu_warm = med(t_ref, 1), med(t_ours, 1), med(t_warm, 1)
     return {"system": system_name, "B": B, "width": p.width, "ref_ms": ms_ref, "diffmech_ms": ms_ours,
             "diffmech_warm_ms": ms_warm, "ratio": ms_ref / ms_ours, "ratio_warm": ms_ref / ms_warm,
+            "ref_cpu_ms": cpu_ref, "diffmech_cpu_ms": cpu_ours, "diffmech_warm_cpu_ms": cpu_warm,
+            "ratio_cpu": cpu_ref / cpu_ours, "ratio_warm_cpu": cpu_ref / cpu_warm,
             "seed_code_ms": SEED_MS[system_name][(32, 128, 512).index(B)] if B in (32, 128, 512) else None,
             "newton_iters_ref": statistics.mean(its_r), "newton_iters_diffmech": statistics.mean(its_o),
             "loss_rel_diff": loss_rel, "grad_rel_diff": grad_rel}
@@ -286,11 +305,16 @@ def measure(system_name: str, B: int, repeats: int) -> dict:
 
 def table(rows: list[dict]) -> str:
     lines = ["| system | B | reference-style (ms) | diffmech (ms) | ratio | diffmech, warm start (ms) | ratio | "
+             "CPU ms ref / ours / warm | CPU ratio (warm) | before: ratio (warm), CPU ratio (warm) | "
              "seed's code, issue (ms) | Newton its ref / ours | grad. rel. diff. |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        before = BEFORE.get((r["system"], r["B"]))
         lines.append(f"| {r['system']} | {r['B']} | {r['ref_ms']:.1f} | {r['diffmech_ms']:.2f} | "
                      f"{r['ratio']:.1f}x | {r['diffmech_warm_ms']:.2f} | {r['ratio_warm']:.1f}x | "
+                     f"{r['ref_cpu_ms']:.1f} / {r['diffmech_cpu_ms']:.2f} / {r['diffmech_warm_cpu_ms']:.2f} | "
+                     f"{r['ratio_cpu']:.1f}x ({r['ratio_warm_cpu']:.1f}x) | "
+                     f"{'{:.1f}x ({:.1f}x), {:.1f}x ({:.1f}x)'.format(*before) if before else '-'} | "
                      f"{r['seed_code_ms'] if r['seed_code_ms'] is not None else '-'} | "
                      f"{r['newton_iters_ref']:.1f} / {r['newton_iters_diffmech']:.1f} | {r['grad_rel_diff']:.1e} |")
     return "\n".join(lines)
@@ -314,6 +338,7 @@ def main(argv=None) -> int:
             rows.append(r)
             print(f"{system:9s} B={B:4d} ref {r['ref_ms']:7.2f} ms  diffmech {r['diffmech_ms']:6.2f} ms "
                   f"({r['ratio']:.1f}x)  warm {r['diffmech_warm_ms']:6.2f} ms ({r['ratio_warm']:.1f}x)  "
+                  f"CPU {r['ratio_cpu']:.1f}x ({r['ratio_warm_cpu']:.1f}x)  "
                   f"its {r['newton_iters_ref']:.1f}/{r['newton_iters_diffmech']:.1f}  "
                   f"grad diff {r['grad_rel_diff']:.1e}",
                   flush=True)
@@ -347,17 +372,37 @@ def main(argv=None) -> int:
             "autograd, `torch.inverse`, batch-wide RMS stopping rule, solve on a `copy.deepcopy` of the network, "
             "identity layer whose backward maps `g -> -g^T J^-1` with the Jacobian rebuilt on the copy, default "
             "Adam). *diffmech*: `diffmech.learn.E2ESyMo.objective` (residual and Jacobian from one pass of the "
-            "network carrying analytic second derivatives, `diffmech.implicit.newton_solve` with per-sample "
-            "convergence, the Jacobian at the root reused by the implicit backward pass, fused Adam). *warm "
-            "start*: the same with the previous step's roots as initial guesses, as the training loop does "
+            "network carrying analytic second derivatives, computed in place without a graph, "
+            "`diffmech.implicit.newton_solve` with per-sample convergence, the Jacobian at the root reused by the "
+            "implicit backward pass, whose vector-Jacobian product contracts the residual with the adjoint vector "
+            "first: one directional derivative of the network per midpoint, formed from the activations kept from "
+            "the known part's and the last Newton evaluation, through a hand-written reverse pass; fused Adam). "
+            "*warm start*: the same with the previous step's roots as initial guesses, as the training loop does "
             "(previous epoch). Each time is the median of three interleaved blocks of "
-            f"{max(repeats // 3, 3)} steps. The last column is the relative difference of the two "
+            f"{max(repeats // 3, 3)} steps; *CPU ms* is the same median in CPU time of the process's thread "
+            "(`time.thread_time`), which the other jobs on the machine inflate less than the wall clock. "
+            "*before*: the ratios of the code before the directional backward pass and the in-place jets "
+            "(commit e5db2bd), measured by this script just before this run "
+            "(`benchmarks/results/learn_base_e5db2bd.json`). The last column is the relative difference of the two "
             "implementations' parameter gradients at the initial weights (float32; the stopping rules differ).",
             "",
             table(rows),
             "",
             f"Target (issue 11): at least {TARGET_RATIO:.0f}x the reference-style step at every size: met in "
-            f"{len(met)} of {len(rows)} cells (cold start). Raw data: `benchmarks/results/learn.json`.",
+            f"{len(met)} of {len(rows)} cells (cold start, wall clock). Raw data: `benchmarks/results/learn.json`.",
+            "",
+            "Where diffmech's step spends its time, in network passes of `B` rows through the `w x w` hidden "
+            "layer (the matrix product that dominates at B = 512; a second-order jet is `1 + n + n(n+1)/2` of "
+            "them, 3 for the pendulum and 6 for the cart-pole): the known part one first-order jet (2 / 3), "
+            "Newton one second-order jet per evaluation, 3 evaluations from the seed's guess (9 / 18), the "
+            "implicit backward pass two products per midpoint on (value, direction) pairs (8 / 8): 19 / 29 "
+            "passes. At B = 512 and w = 256 one pass is 67 MFLOP, ~0.75 ms on one core of this machine at the "
+            "~85 GFLOP/s that MKL reaches, so the cart-pole's products alone take ~22 ms of CPU, a fifth of the "
+            "reference-style step; the rest is elementwise work on the jets. Going further needs fewer "
+            "second-order evaluations per solve. Tried and not kept: first-order evaluations with the last "
+            "exact second-derivative term of the Jacobian at iterates predicted (from Newton's observed "
+            "quadratic rate) not to converge; on the cart-pole at B = 512 the saved passes went into extra "
+            "iterations (2.03 -> 2.34 per solve), no net gain.",
             MARK_END,
         ])
         if MARK_START in text:

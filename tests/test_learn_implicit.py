@@ -83,3 +83,22 @@ def test_fused_shape_error():
     with pytest.raises(ShapeError, match="Jacobian"):
         newton_solve(residual, torch.zeros_like(b), (A, b), residual_and_jacobian=lambda x, A, b: (residual(x, A, b),
                                                                                                    A[..., :2, :]))
+
+
+def test_weighted_residual_serves_the_backward_pass():
+    A, b = problem(n=3, requires_grad=True)
+    x0 = torch.zeros_like(b)
+    calls = []
+
+    def weighted(x, w, A_, b_):
+        calls.append(1)
+        return (w * residual(x, A_, b_)).sum()
+
+    x1 = newton_solve(residual, x0, (A, b), tol=1e-13, residual_and_jacobian=Counted(), weighted_residual=weighted)
+    x2 = newton_solve(residual, x0, (A, b), tol=1e-13)
+    w = torch.randn_like(x1)
+    g1 = torch.autograd.grad((x1 * w).sum(), (A, b))
+    assert calls == [1]
+    g2 = torch.autograd.grad((x2 * w).sum(), (A, b))
+    for a, c in zip(g1, g2):
+        assert torch.allclose(a, c, atol=1e-11)

@@ -282,6 +282,7 @@ class _ImplicitSolve(torch.autograd.Function):
                                                  opts["line_search"], opts["update"], opts["approx_jacobian"])
         ctx.fn, ctx.jacobian, ctx.n_explicit = fn, jacobian, n_explicit
         ctx.rj = opts["residual_and_jacobian"]
+        ctx.wr = opts["weighted_residual"]
         ctx.has_J = J_root is not None
         ctx.save_for_backward(x, *(() if J_root is None else (J_root,)), *all_params)
         ctx.mark_non_differentiable(rn)
@@ -310,10 +311,13 @@ class _ImplicitSolve(torch.autograd.Function):
                 w = torch.linalg.solve_ex(J.mT, g)[0]  # J^T w = g
         with torch.enable_grad():
             leaves = [p.detach().requires_grad_(True) if needs[i] else p for i, p in enumerate(explicit)]
-            r = ctx.fn(x.detach(), *leaves)
             wanted = [i for i in range(len(all_params)) if needs[i]]
             inputs = [leaves[i] if i < n_explicit else adjoint[i - n_explicit] for i in wanted]
-            grads = torch.autograd.grad(r, inputs, grad_outputs=-w, allow_unused=True)
+            if ctx.wr is not None:
+                grads = torch.autograd.grad(ctx.wr(x.detach(), -w, *leaves), inputs, allow_unused=True)
+            else:
+                r = ctx.fn(x.detach(), *leaves)
+                grads = torch.autograd.grad(r, inputs, grad_outputs=-w, allow_unused=True)
         for i, gi in zip(wanted, grads):
             out[i] = gi if gi is not None else torch.zeros_like(all_params[i])
         return (None, None, None, None, None, *out)
@@ -334,6 +338,7 @@ def newton_solve(
     raise_on_failure: bool = True,
     context: str = "",
     residual_and_jacobian: Callable[..., tuple[Tensor, Tensor]] | None = None,
+    weighted_residual: Callable[..., Tensor] | None = None,
 ) -> Tensor | tuple[Tensor, NewtonStatus]:
     """Solve ``residual_fn(x, *params) = 0`` for ``x`` by Newton's method, differentiably.
 
@@ -392,6 +397,12 @@ def newton_solve(
             choice for warm-started solves without gradients. ``update="broyden"`` is treated as
             ``"newton"`` here; ``jacobian`` and ``approx_jacobian`` are not used by the forward
             iterations.
+        weighted_residual: optional ``s = weighted_residual(x, w, *params)``, the scalar
+            ``sum(w * residual_fn(x, *params))`` for a cotangent ``w (..., n)``, differentiable
+            w.r.t. the parameters. The backward pass then differentiates it instead of
+            ``residual_fn`` (the vector-Jacobian product in a cheaper form, e.g. with the
+            contraction by ``w`` taken inside a network's derivatives); gradients w.r.t. ``x`` and
+            ``w`` are not needed from it.
 
     Returns:
         ``x (..., n)``, the root, in ``x0``'s dtype and device; or ``(x, status)`` when
@@ -420,7 +431,8 @@ def newton_solve(
     if isinstance(tol, Tensor):
         tol = tol.to(dtype=x0.dtype, device=x0.device)
     opts = {"tol": tol, "max_iter": int(max_iter), "line_search": bool(line_search), "update": update,
-            "approx_jacobian": approx_jacobian, "residual_and_jacobian": residual_and_jacobian}
+            "approx_jacobian": approx_jacobian, "residual_and_jacobian": residual_and_jacobian,
+            "weighted_residual": weighted_residual}
     needs_graph = torch.is_grad_enabled() and any(p.requires_grad for p in (*params, *adjoint_params))
     if needs_graph:
         x, rn = _ImplicitSolve.apply(residual_fn, jacobian, opts, x0, len(params), *params, *adjoint_params)

@@ -18,9 +18,12 @@ from positions only.
 
 Newton here is batched and exact: the residual and its Jacobian come from one pass of the network
 carrying analytic second derivatives (no row-by-row autograd, no copy of the network), and every
-solve reports per-sample convergence. With ``dissipation=True`` the Lagrangian models also learn a
-constant Rayleigh dissipation ``R = v^T D v / 2``, ``D = L_D L_D^T``; its force ``-D v`` enters the
-continuous dynamics (L-NODE) or the discrete forces at the step midpoints (SyMo).
+solve reports per-sample convergence. E2E-SyMo's implicit backward pass contracts the residual with
+its adjoint vector before differentiating (:meth:`_DELModel.weighted_del_residual`): one directional
+derivative of the network per midpoint, from the activations kept from the forward evaluations.
+With ``dissipation=True`` the Lagrangian models also learn a constant Rayleigh dissipation
+``R = v^T D v / 2``, ``D = L_D L_D^T``; its force ``-D v`` enters the continuous dynamics (L-NODE) or
+the discrete forces at the step midpoints (SyMo).
 
 Training-time quirks of the seed kept by default: NODE and L-NODE train with torchdiffeq's
 ``rk4`` (the 3/8 rule) and are evaluated with classic RK4; the 1-DoF inertia is
@@ -265,6 +268,8 @@ class _DELModel(LearnedDynamics):
     lagrangian = True
     uses_newton = True
     straggler_iter = 4
+    # the implicit backward pass by :meth:`weighted_del_residual` (False: autograd through :meth:`del_residual`)
+    fast_vjp = True
 
     def __init__(self, angle_mask, h: float, width: int = 128, input_matrix=None, inertia: str = "paper",
                  dissipation: bool = False, tol: float = 1e-5, max_iter: int = 10, line_search: bool = False):
@@ -378,6 +383,42 @@ class _DELModel(LearnedDynamics):
         return (hphi[0] + p[0] + hphi[1] - p[1] + self._forces(self.tau(u_prev), tau_u, vb[0])
                 + self._forces(tau_u, self.tau(u_next), vb[1]))
 
+    def weighted_del_residual(self, x: Tensor, lam: Tensor, q_prev: Tensor, q: Tensor, u_prev: Tensor, u: Tensor,
+                              u_next: Tensor, c: Tensor | None = None) -> Tensor:
+        """``sum(lam * del_residual(x, ...))`` (a scalar) for the parameter gradients: ``lam (B, n)``.
+
+        Contracting the residual with ``lam`` first turns every first derivative of the network into
+        one directional derivative along ``lam`` (``lam . phi = (D_lam L^T v) . (L^T v) - D_lam V``), so
+        its parameter gradient (the implicit backward pass's vector-Jacobian product) takes one
+        (value, direction) jet per midpoint with a hand-written reverse pass
+        (:meth:`~.networks.LagrangianNet.directional_heads`) instead of ``1 + n`` jets through autograd.
+        The positions and ``lam`` are constants (no gradient); ``c`` is ignored.
+        """
+        h, n, net = self.h, self.n, self.net
+        qb = torch.stack([0.5 * (q_prev + q), 0.5 * (q + x)])
+        vb = torch.stack([(q - q_prev) / h, (x - q) / h])
+        lam = lam.detach()
+        o, od = net.directional_heads(qb, lam.expand_as(qb))
+        sign = vb.new_tensor([1.0, -1.0]).reshape(2, *([1] * (vb.dim() - 1)))  # D2 L_d(q_prev, q), D1 L_d(q, x)
+        if n == 1 and net.inertia_kind == "paper":
+            H = F.softplus(o[..., 1:2])
+            H_lam = torch.sigmoid(o[..., 1:2]) * od[..., 1:2]
+            lam_phi = 0.5 * H_lam * vb * vb - od[..., :1]
+            lam_p = (H * vb) * lam
+        else:
+            zd = o[..., 1:1 + n]
+            zeros = o.new_zeros(*o.shape[:-1], 1)
+            L = torch.cat([F.softplus(zd), o[..., 1 + n:], zeros], -1)[..., net._gmap].unflatten(-1, (n, n))
+            L_lam = torch.cat([torch.sigmoid(zd) * od[..., 1:1 + n], od[..., 1 + n:], zeros], -1)[..., net._gmap]
+            L_lam = L_lam.unflatten(-1, (n, n))
+            w = (L.mT @ vb[..., None])[..., 0]
+            lam_phi = (L_lam.mT @ vb[..., None])[..., 0] * w - od[..., :1] / n
+            lam_p = (L.mT @ lam[..., None])[..., 0] * w + net.eps * lam * vb
+        total = ((0.5 * h) * lam_phi + sign * lam_p).sum()
+        tau_u = self.tau(u)
+        forces = self._forces(self.tau(u_prev), tau_u, vb[0]) + self._forces(tau_u, self.tau(u_next), vb[1])
+        return total + (lam * forces).sum()
+
     def _rj(self, x, q_prev, q, u_prev, u, u_next, c):
         return self.residual_and_jacobian(x, q, c)
 
@@ -397,19 +438,22 @@ class _DELModel(LearnedDynamics):
         samples still unconverged then continue alone, so a few slow ones do not cost whole-batch
         evaluations.
         """
+        grad = torch.is_grad_enabled()
+        params = [p for p in self.parameters() if p.requires_grad] if grad else []
+        # with gradients, keep the network's jets at the first midpoint and at the root for the backward pass
+        self.net.record_jets(bool(params) and self.fast_vjp)
         with torch.no_grad():
             c, H = self.known_part(q_prev, q, u_prev, u, u_next)
         x0 = (2 * q - q_prev).detach() if x0 is None else x0.detach()
         tol_b = self.tolerance(q, H, self.tol if tol is None else tol)
         max_iter = self.max_iter if max_iter is None else max_iter
-        grad = torch.is_grad_enabled()
-        params = [p for p in self.parameters() if p.requires_grad] if grad else []
         if not params and x0.dim() == 2 and update in (None, "chord"):
             return self._solve_no_grad(x0, q.detach(), c, tol_b, max_iter)
         update = update or ("newton" if grad and params else "chord")
         data = (q_prev.detach(), q.detach(), u_prev.detach(), u.detach(), u_next.detach(), c)
         kw = dict(adjoint_params=params, line_search=self.line_search, update=update,
-                  residual_and_jacobian=self._rj, raise_on_failure=False, context=type(self).__name__)
+                  residual_and_jacobian=self._rj, raise_on_failure=False, context=type(self).__name__,
+                  weighted_residual=self.weighted_del_residual if self.fast_vjp else None)
         first = min(max_iter, self.straggler_iter)
         x, st = newton_solve(self.del_residual, x0, data, tol=tol_b, max_iter=first, **kw)
         if max_iter > first and x.dim() == 2 and not bool(st.converged.all()):
