@@ -10,16 +10,24 @@ for the checkpointed rollout these are the stored states and warm-start impulses
 its ``saved_state_bytes`` stat), not the process's resident set. Both adjoints run interleaved,
 one thread, medians of ``--repeats``; the PGS sweeps run in C (the default).
 
-Peer, in the same run: MuJoCo (the ``mujoco`` package) on the same quadruped -- the same URDF with
-the same toe spheres as its only collision geometry, a free joint, position actuators with the same
-gains, the ``implicitfast`` integrator, dt 1e-3 -- ``mj_step`` per step (looped over the batch) and
-``mjd_transitionFD`` (centred finite differences of one step w.r.t. state and controls), the cost
-per step of a finite-difference gradient of a rollout. Seed (C++, one robot, Table 1-3): forward
-0.2 ms and backward 1.2 ms per step.
+Peers, in the same run: MuJoCo (the ``mujoco`` package) on the same quadruped -- the same URDF with
+the same toe spheres as its only collision geometry (colliding with the ground, not with each other),
+a free joint, position actuators with the same gains, the ``implicitfast`` integrator, dt 1e-3 --
+``mj_step`` per step (looped over the batch) and ``mjd_transitionFD`` (centred finite differences of
+one step w.r.t. state and controls), the cost per step of a finite-difference gradient of a rollout.
+MJX (``mujoco-mjx``, JAX's CPU backend, one thread, float64) on that same MuJoCo model: ``jax.grad``
+through a ``jax.lax.scan`` of ``mjx.step``, the robots batched by ``jax.vmap``, compile times apart,
+its trajectory checked against ``mj_step``'s. ``mujoco-torch``: probed, and skipped with the reason
+(see :data:`MUJOCO_TORCH_NOTE`). A peer whose package is missing is skipped with one line saying so
+(``pip install -e '.[bench]'`` installs them all). Seed (C++, one robot, Table 1-3): forward 0.2 ms
+and backward 1.2 ms per step.
 
-Writes ``benchmarks/results/bench_contact.json`` and a section of BENCHMARKS.md.
+Writes ``benchmarks/results/bench_contact.json`` and a section of BENCHMARKS.md; ``--peers`` measures
+a subset (e.g. ``--peers mjx``) into ``benchmarks/results/bench_contact.<peers>.json`` and prints its
+tables without touching BENCHMARKS.md.
 
-    python benchmarks/bench_contact.py                         # about 15 minutes on 2 busy cores
+    python benchmarks/bench_contact.py                 # the whole table: about 80 minutes on 2 busy cores
+    python benchmarks/bench_contact.py --peers mjx     # MJX alone (its compiles: about 30 minutes)
     python benchmarks/bench_contact.py --steps 50,200 --batch 1 --repeats 1 --no-write
 """
 
@@ -306,6 +314,17 @@ def _version(dist: str) -> str:
 
 
 PEERS = ("diffmech", "mujoco", "mjx", "mujoco-torch")
+MUJOCO_TORCH_NOTE = (
+    "mujoco-torch 0.2.0 (its latest release) reads `mujoco.mjtEnableBit.mjENBL_MULTICCD` when it is "
+    "imported; MuJoCo turned multi-CCD into a disable flag (`mjDSBL_MULTICCD`) between 3.5 and 3.8, so "
+    "mujoco-torch fails to import with this project's mujoco 4.0.0 (and with 3.17.0, which mujoco-mjx "
+    "3.17.0 needs, and 3.8.0). Tried with mujoco 3.5.0 and torch 2.13.0 outside the project's "
+    "environment: it imports and loads the quadruped, but its `step` fails on the `implicitfast` "
+    "integrator (`deriv_smooth_vel` calls `torch.where(dyn_mask, d.act, ctrl)` with `d.act` empty, the "
+    "position actuators having no activation state: a size mismatch, 12 vs 0, that no torch accepts); "
+    "with the Euler integrator instead it runs eagerly (its 21 steps within 6e-13 of `mj_step`'s, "
+    "`backward()` through 20 steps works) at about 1 s per step, forward and backward alike, on the "
+    "loaded machine -- not the benchmark's model, so not in the table.")
 
 
 def mujoco_torch_status() -> str | None:
@@ -329,7 +348,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--peers", default=",".join(PEERS),
                     help="comma-separated subset of " + ",".join(PEERS) + " (default: all). A subset writes "
                     "benchmarks/results/bench_contact.<peers>.json and prints its tables, BENCHMARKS.md untouched")
-    ap.add_argument("--mjx-max-s", type=float, default=150.0,
+    ap.add_argument("--mjx-max-s", type=float, default=120.0,
                     help="skip an MJX cell whose gradient, extrapolated from the previous step count, would "
                     "take longer than this (s), or need more than --mjx-max-gb")
     ap.add_argument("--mjx-max-gb", type=float, default=8.0)
@@ -482,7 +501,8 @@ def markdown(rep: dict) -> list[str]:
     if any("mjx" in r for r in rep["rows"]):
         lines += mjx_markdown(rep)
     for peer, why in rep.get("skipped", {}).items():
-        lines.append(f"- {peer}: not measured: {why}")
+        lines.append(f"- {peer}: not measured: {why}" + (f". {MUJOCO_TORCH_NOTE}" if peer == "mujoco-torch"
+                                                          else ""))
     lines.append(MARK_END)
     return lines
 
