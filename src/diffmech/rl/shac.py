@@ -147,7 +147,9 @@ class SHAC:
         self.actor_opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = nn.utils.clip_grad_norm_(self.actor.parameters(), c.grad_clip)
-        self.actor_opt.step()
+        if torch.isfinite(gnorm):
+            self.actor_opt.step()
+        # else: a window whose gradient overflowed (a chaotic swing) would turn every weight into NaN; skip it
         env.detach()
         self.obs = obs.detach()
 
