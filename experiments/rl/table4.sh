@@ -7,9 +7,10 @@ R=${1:-experiments/rl/table4}
 SEEDS=${SEEDS:-"0 1 2"}
 LINKS=${LINKS:-"1 2 3 4 5 6 7"}
 P=${P:-2}
+# seed-major order: a run cut short still covers every n with the first seeds
 steps() { case $1 in 1) echo 200000;; 2) echo 300000;; *) echo 600000;; esac; }
 mkdir -p "$R"
-for n in $LINKS; do for s in $SEEDS; do
+for s in $SEEDS; do for n in $LINKS; do
   [ -f "$R/shac_n${n}_s$s/metrics.json" ] && continue
   echo "nice -n 10 diffmech rl train --env nlink-reach --links $n --algo shac --steps $(steps "$n") --evaluations 200 \
 --seed $s --out $R/shac_n${n}_s$s --no-progress > /dev/null"
