@@ -119,10 +119,11 @@ def agreement(links: int, steps: int, seed: int = 0) -> dict:
 
 
 # ---------------------------------------------------------------------- timings
-def time_diffmech(env: NLinkReach, actions: torch.Tensor, grad: bool) -> float:
-    """Seconds for ``actions.shape[0]`` steps of every environment (and the backward pass when ``grad``)."""
+def time_diffmech(env: NLinkReach, actions: torch.Tensor, grad: bool) -> tuple[float, float]:
+    """Wall-clock and CPU seconds (the process's, all threads) for ``actions.shape[0]`` steps of every
+    environment (and the backward pass when ``grad``)."""
     env.reset()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     if grad:
         a = actions.detach().requires_grad_(True)
         total = 0.0
@@ -136,22 +137,22 @@ def time_diffmech(env: NLinkReach, actions: torch.Tensor, grad: bool) -> float:
                 env.step(actions[k])
     if env.device.type == "cuda":
         torch.cuda.synchronize()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
-def time_mujoco(model, datas: list, initial: np.ndarray, control: np.ndarray, pool=None) -> float:
-    """Seconds of one ``mujoco.rollout`` of ``control (B, T, nu)`` from ``initial (B, nstate)``: over the
-    thread pool ``pool`` (a ``mujoco.rollout.Rollout`` made beforehand, one ``MjData`` per thread in
-    ``datas``), or on the calling thread when ``pool`` is ``None``."""
+def time_mujoco(model, datas: list, initial: np.ndarray, control: np.ndarray, pool=None) -> tuple[float, float]:
+    """Wall-clock and CPU seconds (all threads) of one ``mujoco.rollout`` of ``control (B, T, nu)`` from
+    ``initial (B, nstate)``: over the thread pool ``pool`` (a ``mujoco.rollout.Rollout`` made beforehand,
+    one ``MjData`` per thread in ``datas``), or on the calling thread when ``pool`` is ``None``."""
     from mujoco import rollout
 
-    state = np.empty((control.shape[0], control.shape[1], initial.shape[1]))
-    t0 = time.perf_counter()
+    state = np.ones((control.shape[0], control.shape[1], initial.shape[1]))  # its pages touched beforehand
+    t0, c0 = time.perf_counter(), time.process_time()
     if pool is None:
         rollout.rollout(model, datas[0], initial, control, state=state)
     else:
         pool.rollout(model, datas, initial, control, state=state)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def measure(links: int, batch: int, steps: int, repeats: int, mj_threads: int, device: str) -> dict:
@@ -176,15 +177,20 @@ def measure(links: int, batch: int, steps: int, repeats: int, mj_threads: int, d
     for f in kinds.values():  # warm-up (kernels, thread pools)
         f()
     times: dict[str, list[float]] = {k: [] for k in kinds}
+    cpu: dict[str, list[float]] = {k: [] for k in kinds}
     for _ in range(repeats):  # interleaved, so a load change hits every column alike
         for k, f in kinds.items():
-            times[k].append(f())
+            w, c = f()
+            times[k].append(w)
+            cpu[k].append(c)
     pool.close()
     cell = {"links": links, "batch": batch, "steps": steps}
     for k, ts in times.items():
         med = statistics.median(ts)
         cell[f"{k}_s"], cell[f"{k}_all_s"] = med, ts
         cell[f"{k}_steps_per_s"] = batch * steps / med
+        cell[f"{k}_cpu_s"], cell[f"{k}_cpu_all_s"] = statistics.median(cpu[k]), cpu[k]
+        cell[f"{k}_steps_per_cpu_s"] = batch * steps / max(cell[f"{k}_cpu_s"], 1e-9)
     # the faster MuJoCo variant per cell: a thread pool only pays off on a large batch (and on a loaded
     # machine a pool waits for every one of its threads)
     best = max(("mujoco", "mujoco_1") if "mujoco_1" in kinds else ("mujoco",), key=lambda k: cell[f"{k}_steps_per_s"])
@@ -195,6 +201,9 @@ def measure(links: int, batch: int, steps: int, repeats: int, mj_threads: int, d
     fastest_mj = min(min(times[k]) for k in kinds if k.startswith("mujoco"))
     cell["mujoco_over_grad_fastest"] = min(times["grad"]) / fastest_mj
     cell["grad_over_nograd_time"] = cell["grad_s"] / cell["nograd_s"]
+    # per CPU-second, single thread against single thread: what a loaded machine's wall clock blurs
+    mj_cpu = "mujoco_1" if "mujoco_1" in kinds else "mujoco"
+    cell["mujoco_over_grad_cpu"] = cell[f"{mj_cpu}_steps_per_cpu_s"] / cell["grad_steps_per_cpu_s"]
     return cell
 
 
@@ -236,12 +245,25 @@ def markdown(rep: dict) -> str:
                      f"{_rate(c['nograd_steps_per_s'])} | {_rate(c['mujoco_steps_per_s'])} | {one} | "
                      f"{_ratio(c['mujoco_over_grad'])} | {_ratio(c['mujoco_over_grad_fastest'])} | "
                      f"{_ratio(c['mujoco_over_nograd'])} | {c['grad_over_nograd_time']:.2f} |")
+    lines += ["", "The same runs per CPU-second (the process's CPU time, all threads; on a machine shared with other "
+                  "jobs the wall clock also counts the time the process waited for a core, longer runs more often, "
+                  "so these are the steadier comparison), single thread against single thread:", "",
+              "| links | pendulums | diffmech with gradients (steps/CPU-s) | diffmech no graph (steps/CPU-s) | "
+              "MuJoCo rollout, 1 thread (steps/CPU-s) | MuJoCo / diffmech with gradients | "
+              "MuJoCo / diffmech no graph |",
+              "|---:|---:|---:|---:|---:|---:|---:|"]
+    for c in rep["cells"]:
+        mj_key = "mujoco_1" if "mujoco_1_steps_per_cpu_s" in c else "mujoco"
+        mjc = c[f"{mj_key}_steps_per_cpu_s"]
+        lines.append(f"| {c['links']} | {c['batch']} | {_rate(c['grad_steps_per_cpu_s'])} | "
+                     f"{_rate(c['nograd_steps_per_cpu_s'])} | {_rate(mjc)} | "
+                     f"{_ratio(mjc / c['grad_steps_per_cpu_s'])} | {_ratio(mjc / c['nograd_steps_per_cpu_s'])} |")
     big = max(c["batch"] for c in rep["cells"])
-    at_big = ", ".join(f"{c['links']} links: {_ratio(c['mujoco_over_grad'])}" for c in rep["cells"]
-                       if c["batch"] == big)
+    at_big = ", ".join(f"{c['links']} links: {_ratio(c['mujoco_over_grad'])} (per CPU-second "
+                       f"{_ratio(c['mujoco_over_grad_cpu'])})" for c in rep["cells"] if c["batch"] == big)
     small = min(c["batch"] for c in rep["cells"])
-    at_small = ", ".join(f"{c['links']} links: {_ratio(c['mujoco_over_grad'])}" for c in rep["cells"]
-                         if c["batch"] == small)
+    at_small = ", ".join(f"{c['links']} links: {_ratio(c['mujoco_over_grad'])} (per CPU-second "
+                         f"{_ratio(c['mujoco_over_grad_cpu'])})" for c in rep["cells"] if c["batch"] == small)
     agree = "; ".join(f"{a['links']} links: {a['max_abs_q_diff_10']:.1e} rad over 10 steps, "
                       f"{a['max_abs_q_diff']:.1e} rad over {a['steps']}" for a in rep["agreement"])
     lines += ["", "Same dynamics: the joint angles of diffmech (float64 here) and MuJoCo under the same random "
