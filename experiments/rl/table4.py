@@ -37,21 +37,21 @@ def collect(root: Path, algo: str) -> dict[int, list[dict]]:
 def table(runs: dict[int, list[dict]], algo: str) -> str:
     rows = ["| n | maximum 0.5 n^2 | seed: policy enhancement | seed: MBPO | "
             f"diffmech {algo}: max_return, mean ± std (relative) | per seed (seed: value) | "
-            "runs >= 97% | env steps per run | training wall per run (s) |",
+            "runs >= 97% | env steps per run | training wall per run (s, loaded machine) |",
             "|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     for n in sorted(runs):
         rs = sorted(runs[n], key=lambda r: r["seed"])
         best = 0.5 * n**2
         vals = [r["max_return"] for r in rs]
         mean = statistics.fmean(vals)
-        std = statistics.stdev(vals) if len(vals) > 1 else float("nan")
+        std = f"{statistics.stdev(vals):.3f}" if len(vals) > 1 else "n/a (one seed)"
         per = ", ".join(f"{r['seed']}: {r['max_return']:.3f}" for r in rs)
         ok = sum(v >= 0.97 * best for v in vals)
         steps = sorted({r["env_steps"] for r in rs})
         wall = statistics.fmean(r["wall_s"] for r in rs)
         so, sm = SEED_OURS.get(n), SEED_MBPO.get(n)
         rows.append(f"| {n} | {best:g} | {so[0]:.2f} ± {so[1]:.2f} | {sm[0]:.2f} ± {sm[1]:.2f} | "
-                    f"**{mean:.3f} ± {std:.3f}** ({100 * mean / best:.1f}%) | {per} | {ok}/{len(vals)} | "
+                    f"**{mean:.3f} ± {std}** ({100 * mean / best:.1f}%) | {per} | {ok}/{len(vals)} | "
                     f"{', '.join(f'{s:,}' for s in steps)} | {wall:.0f} |")
     return "\n".join(rows)
 
