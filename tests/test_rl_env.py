@@ -63,6 +63,13 @@ def test_gradients_through_steps_match_finite_differences():
                                           acts.requires_grad_()), eps=1e-6, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_closed_form_tip_matches_forward_kinematics(n):
+    env = _env(n, num_envs=1, link_length=0.7)
+    q = 3 * torch.randn(6, n, generator=torch.Generator().manual_seed(n))
+    torch.testing.assert_close(env.tip(q), env.robot.link_pose(q, "tip")[..., :3, 3], atol=1e-12, rtol=0)
+
+
 def test_return_telescopes_to_distance_progress():
     n = 3
     env = _env(n, num_envs=4)

@@ -65,6 +65,38 @@ def test_shac_actor_gradient_is_that_of_the_telescoped_return():
         torch.testing.assert_close(a, b)
 
 
+def test_shac_without_truncation_bootstrap_ignores_the_value_at_the_time_limit():
+    """A window that ends at the time limit: with ``bootstrap_truncation=False`` the (nonzero) critic adds
+    nothing, the actor gradient is that of the telescoped return; with the default it does add ``V``."""
+    n, N, H = 2, 3, 4
+    grads = {}
+    for boot in (False, True):
+        torch.manual_seed(0)
+        env = NLinkReach(n, num_envs=N, dtype=torch.float64, reset_noise=0.2, seed=3, horizon=H)
+        cfg = SHACConfig(num_envs=N, horizon=H, gamma=1.0, obs_norm=False, critic_iterations=0, actor_lr=0.0,
+                         lr_decay=False, bootstrap_truncation=boot)
+        alg = SHAC(env, cfg)
+        with torch.no_grad():
+            alg.target[-1].bias.fill_(3.0)  # a critic far from zero at the time limit
+        q, v, _ = (x.clone() for x in env.get_state())
+        torch.manual_seed(1)
+        alg.iteration()
+        grads[boot] = [p.grad.clone() for p in alg.actor.parameters()]
+
+    torch.manual_seed(1)
+    integ = get_integrator("semi_implicit_euler")
+    d0 = (env.tip(q) - env.target).square().sum(-1)
+    t = torch.zeros(N, dtype=torch.long)
+    for k in range(H):
+        a = alg.actor(env.observe(q, v, t + k))
+        q, v = integ(env.robot, q, v, a.clamp(-1, 1) * 10.0, 1 / 60)
+    loss = -(d0 - (env.tip(q) - env.target).square().sum(-1)).sum() / (H * N)
+    want = torch.autograd.grad(loss, list(alg.actor.parameters()))
+    for a, b in zip(grads[False], want):
+        torch.testing.assert_close(a, b)
+    assert max((a - b).abs().max().item() for a, b in zip(grads[True], want)) > 1e-6
+
+
 def test_policy_enhancement_gradient_matches_finite_differences():
     torch.manual_seed(0)
     env = NLinkReach(2, num_envs=2, dtype=torch.float64, reset_noise=0.3)

@@ -318,8 +318,16 @@ class NLinkReach(DiffEnv):
         return self.target
 
     def tip(self, q: Tensor) -> Tensor:
-        """World position ``(..., 3)`` of the tip for joint angles ``q (..., n)``."""
-        return self.robot.link_pose(q, "tip")[..., :3, 3]
+        """World position ``(..., 3)`` of the tip for joint angles ``q (..., n)``.
+
+        In closed form for the planar chain (link ``i`` points along the absolute angle
+        ``q_1 + ... + q_i`` from straight down): the same as ``robot.link_pose(q, "tip")`` (tested), at a
+        fraction of the cost of the general forward kinematics, which dominated a step at small batches.
+        """
+        phi = torch.cumsum(q, dim=-1)
+        x = -self.link_length * torch.sin(phi).sum(-1)
+        z = -self.link_length * torch.cos(phi).sum(-1)
+        return torch.stack([x, torch.zeros_like(x), z], dim=-1)
 
     def observe(self, q: Tensor, v: Tensor, t: Tensor) -> Tensor:
         rel = (self.tip(q) - self.target)[..., [0, 2]] / (self.links * self.link_length)

@@ -4,7 +4,8 @@ Each iteration runs ``num_envs`` environments for ``horizon`` (``H``) steps with
 actor, keeping the autograd graph of the simulator. The actor loss is minus the mean over the
 environments of ``sum_{t<H} gamma^t r_t + gamma^H V(s_H)``, backpropagated through the rollout (an
 episode that ends inside the window closes its sum there: ``V`` of its last observation after a time
-limit, nothing after a terminal state, and its next episode starts a new sum). Then the graph is
+limit -- or nothing, with ``bootstrap_truncation=False`` -- nothing after a terminal state, and its next
+episode starts a new sum). Then the graph is
 cut (:meth:`~diffmech.rl.env.DiffEnv.detach`) and the critic ``V`` regresses TD(lambda) targets
 computed from the window's rewards and the target critic's values, in minibatches; the target
 critic follows by Polyak averaging.
@@ -44,6 +45,10 @@ class SHACConfig:
     init_log_std: float = -1.0
     obs_norm: bool = True
     reward_scale: float = 1.0
+    # Value of the observation reached at the time limit: the critic's (True, the paper's: the episode
+    # is cut short of an endless task), or 0 (False: the time limit is part of the task, e.g. a task
+    # that observes the elapsed time and scores where the episode ends).
+    bootstrap_truncation: bool = True
 
 
 def td_lambda_targets(rewards: Tensor, next_values: Tensor, done: Tensor, gamma: float, lam: float) -> Tensor:
@@ -121,7 +126,8 @@ class SHAC:
             r = res.reward * c.reward_scale
             done = res.terminated | res.truncated
             v_next = self.target(self._n(res.final_obs)).squeeze(-1)
-            v_next = torch.where(res.terminated, torch.zeros_like(v_next), v_next)
+            last = res.terminated if c.bootstrap_truncation else res.terminated | res.truncated
+            v_next = torch.where(last, torch.zeros_like(v_next), v_next)
             acc = acc + disc * r
             close = done if i < H - 1 else torch.ones_like(done)
             loss = loss - torch.where(close, acc + disc * c.gamma * v_next, torch.zeros_like(acc)).sum()
@@ -141,7 +147,9 @@ class SHAC:
         self.actor_opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = nn.utils.clip_grad_norm_(self.actor.parameters(), c.grad_clip)
-        self.actor_opt.step()
+        if torch.isfinite(gnorm):
+            self.actor_opt.step()
+        # else: a window whose gradient overflowed (a chaotic swing) would turn every weight into NaN; skip it
         env.detach()
         self.obs = obs.detach()
 
