@@ -72,11 +72,24 @@ class EigenmodeConfig:
     solver: str = "newton"
     adjoint: str = "discrete"
     dtype: str = "float32"
+    native: bool = True  # build the core's native kernels (mass matrix, inverse dynamics) for the field
     seed: int = 0
     # stopping (None: run every epoch): stop once the discrete end-effector error at T/2 is below
     # stop_ee (m) and ||p(T/2)|| below stop_p
     stop_ee: float | None = None
     stop_p: float | None = None
+    # Gauss-Newton polish (not in the paper): once the Adam phase's fixed-step end-effector error at
+    # T/2 is below polish_from (m), solve the mode's conditions FK(q(T/2)) = x_d and p(T/2) = 0
+    # (Lemmas 2.1-2.3: with p(0) = 0 they make the orbit periodic and time-symmetric) by damped
+    # minimum-norm Gauss-Newton steps on the potential's parameters, on a more accurate trajectory
+    # (polish_method on polish_grid_points), until ||FK - x_d|| < polish_tol[0] (m) and
+    # ||p(T/2)|| < polish_tol[1]
+    polish: bool = False
+    polish_from: float = 0.03
+    polish_method: str = "rk4"
+    polish_grid_points: int = 200
+    polish_tol: tuple[float, float] = (1e-3, 1e-3)
+    polish_max_iter: int = 30
     # stabilisation defaults
     gains: tuple[float, float] = (1.0, 10.0)  # alpha_E, alpha_M
     damping: float = 0.0
@@ -117,6 +130,12 @@ CONFIGS: dict[str, EigenmodeConfig] = {
                              notes="appendix B.2: one run per T (--period)"),
     "other-pair": _MAIN.replace(name="other-pair", q0=(0.0, 0.0), target_angles=(1.5, 1.5), period=1.75,
                                 notes="appendix C: q0 = (0, 0), target FK(1.5, 1.5), T in {1.75, 2.5, 3.0}"),
+    "main-fast": _MAIN.replace(name="main-fast", method="rk4", lr=1e-2, gamma=0.998, epochs=1500, steps_per_epoch=1,
+                               polish=True,
+                               notes="the main configuration's task (q0, target, T = 1.5 s, c = 1e-4) trained "
+                                     "fast: Adam lr 0.01 decaying 0.998 per step on an RK4 trajectory, then the "
+                                     "Gauss-Newton "
+                                     "polish of the mode's conditions on a 201-point RK4 grid"),
     "learn-period": _MAIN.replace(name="learn-period", learn_period=True, epochs=200,
                                   notes="appendix D: T learned jointly from T = 1.0"),
     "learn-period-c": _MAIN.replace(name="learn-period-c", learn_period=True, epochs=200, q0=(0.0, 0.0),
