@@ -134,18 +134,21 @@ class FlowCache:
     """
 
     X: Tensor | None = None
+    X_prev: Tensor | None = None  # the trajectory of the call before (for the extrapolated start)
     J_plant: Tensor | None = None  # (B, N, S, 2n, 2n) plant part of the stage Jacobians (without |T|)
+    extrapolate: bool = False  # start Newton from 2 X - X_prev: successive optimiser steps are correlated
     key: tuple | None = None
     stats: list = field(default_factory=list)
 
     def clear(self) -> None:
-        self.X = self.J_plant = self.key = None
+        self.X = self.X_prev = self.J_plant = self.key = None
 
 
 class _Stages(NamedTuple):
     Y: Tensor  # (B, N, S, D) stage states
     G: Tensor  # (B, N, S, D) vector field (without |T|)
     J: Tensor | None  # (B, N, S, D, D) its Jacobian (without |T|)
+    Hv: Tensor | None = None  # (B, N, S, n, n) the control potential's Hessian (its part of J)
 
 
 class _Lin(NamedTuple):
@@ -174,10 +177,13 @@ class _Runner:
 
 
 # ---------------------------------------------------------------------------- stage evaluation
-def _field(r: _Runner, Y: Tensor, jac: bool) -> tuple[Tensor, Tensor | None]:
+def _field(r: _Runner, Y: Tensor, jac: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
     shape = Y.shape
-    G, J = r.system.field(Y.reshape(-1, shape[-1]), jacobian=jac)
-    return G.reshape(shape), (None if J is None else J.reshape(*shape, shape[-1]))
+    ev = r.system.evaluate(Y.reshape(-1, shape[-1]), jacobian=jac, energy=False)
+    n = shape[-1] // 2
+    J = None if ev.J is None else ev.J.reshape(*shape, shape[-1])
+    Hv = None if ev.Hv is None else ev.Hv.reshape(*shape[:-1], n, n)
+    return ev.G.reshape(shape), J, Hv
 
 
 def _stages(r: _Runner, X: Tensor, Tabs: Tensor, jac: bool, k0: int = 0) -> _Stages:
@@ -187,19 +193,24 @@ def _stages(r: _Runner, X: Tensor, Tabs: Tensor, jac: bool, k0: int = 0) -> _Sta
     h = r.h[k0:k0 + xk.shape[1]].reshape(1, -1, 1)
     if sc.implicit:
         Y = 0.5 * (xk + X[:, 1:])
-        G, J = _field(r, Y, jac)
-        return _Stages(Y.unsqueeze(2), G.unsqueeze(2), None if J is None else J.unsqueeze(2))
-    Ys, Gs, Js = [], [], []
+        G, J, Hv = _field(r, Y, jac)
+        return _Stages(Y.unsqueeze(2), G.unsqueeze(2), None if J is None else J.unsqueeze(2),
+                       None if Hv is None else Hv.unsqueeze(2))
+    Ys, Gs, Js, Hs = [], [], [], []
     for s in range(sc.stages):
         Y = xk
         for j in range(s):
             if sc.a[s][j]:
                 Y = Y + (h * sc.a[s][j] * Tabs) * Gs[j]
-        G, J = _field(r, Y, jac)
+        G, J, Hv = _field(r, Y, jac)
         Ys.append(Y)
         Gs.append(G)
         Js.append(J)
-    return _Stages(torch.stack(Ys, 2), torch.stack(Gs, 2), None if not jac else torch.stack(Js, 2))
+        Hs.append(Hv)
+    if not jac:
+        return _Stages(torch.stack(Ys, 2), torch.stack(Gs, 2), None)
+    Hv = None if any(h_ is None for h_ in Hs) else torch.stack(Hs, 2)
+    return _Stages(torch.stack(Ys, 2), torch.stack(Gs, 2), torch.stack(Js, 2), Hv)
 
 
 def _residual(r: _Runner, X: Tensor, st: _Stages, Tabs: Tensor) -> Tensor:
@@ -303,9 +314,22 @@ def _potential_jacobian(r: _Runner, Y: Tensor) -> Tensor:
     """The control potential's part of the field Jacobian at stage states ``Y (..., 2n)`` (without |T|)."""
     n = r.system.n
     Hv = r.system.potential.hessian(Y[..., :n].reshape(-1, n)).reshape(*Y.shape[:-1], n, n)
+    return _embed_hessian(Hv, Y)
+
+
+def _embed_hessian(Hv: Tensor, Y: Tensor) -> Tensor:
+    """The field-Jacobian block ``[[0, 0], [-Hv, 0]]`` of a potential's Hessian ``Hv (..., n, n)``."""
+    n = Hv.shape[-1]
     J = Y.new_zeros(*Y.shape, Y.shape[-1])
     J[..., n:, :n] = -Hv
     return J
+
+
+# A chord iteration that shrinks the residual by less than this factor refreshes the step Jacobians.
+# A refresh costs about six first-order evaluations of the field on the trajectory (the plant's second
+# derivatives by autograd through the rigid-body core), so slowly contracting chord iterations are
+# cheaper up to a rate of about one half.
+_REFRESH_RATE = float(__import__("os").environ.get("DIFFMECH_REFRESH", 0.5))
 
 
 def _newton(r: _Runner, x0: Tensor, Tabs: Tensor, X: Tensor, J_plant: Tensor | None
@@ -345,7 +369,7 @@ def _newton(r: _Runner, x0: Tensor, Tabs: Tensor, X: Tensor, J_plant: Tensor | N
         if want_jac:
             lin = _linearize(r, st, Tabs)
             n_jac += 1
-        elif rate > 0.2 and new > tol:  # a stale linearisation: refresh it here
+        elif rate > _REFRESH_RATE and new > tol:  # a stale linearisation: refresh it here
             st = _stages(r, X, Tabs, jac=True)
             lin = _linearize(r, st, Tabs)
             n_jac += 1
@@ -369,7 +393,10 @@ def _solve(r: _Runner, x0: Tensor, Tabs: Tensor) -> tuple[Tensor, _Stages, _Lin]
     out = None
     info: dict = {"iterations": 0, "fallback": False}
     if r.solver == "newton" and cache is not None and cache.key == key and cache.X is not None:
-        out = _newton(r, x0, Tabs, cache.X, cache.J_plant)
+        guess = cache.X
+        if cache.extrapolate and cache.X_prev is not None:
+            guess = 2 * cache.X - cache.X_prev
+        out = _newton(r, x0, Tabs, guess, cache.J_plant)
         if out is None:
             info["fallback"] = True
     if out is not None:
@@ -381,8 +408,10 @@ def _solve(r: _Runner, x0: Tensor, Tabs: Tensor) -> tuple[Tensor, _Stages, _Lin]
         lin = _linearize(r, st, Tabs)
         info["residual"] = float(_residual(r, X, st, Tabs).abs().max())
     if cache is not None:
+        cache.X_prev = cache.X if cache.key == key else None
         cache.X, cache.key = X.detach(), key
-        cache.J_plant = (st.J - _potential_jacobian(r, st.Y)).detach()
+        cache.J_plant = (st.J - (_potential_jacobian(r, st.Y) if st.Hv is None else _embed_hessian(st.Hv, st.Y))
+                         ).detach()
         cache.stats.append(info)
     return X, st, lin
 

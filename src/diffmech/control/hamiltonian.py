@@ -35,6 +35,7 @@ class FieldEval(NamedTuple):
     H: Tensor  # (...) energy
     v: Tensor  # (..., n) M^{-1} p
     L: Tensor  # (..., n, n) Cholesky factor of M
+    Hv: Tensor | None = None  # (..., n, n) the control potential's Hessian (its part of J), when J was asked for
 
 
 class HamiltonianSystem(nn.Module):
@@ -230,6 +231,7 @@ class HamiltonianSystem(nn.Module):
         p = x[..., n:].detach()
         H = None
         J = None
+        Hv = None
         if not jacobian:
             with torch.enable_grad():
                 qq = q.requires_grad_(True)
@@ -257,7 +259,8 @@ class HamiltonianSystem(nn.Module):
             Hqq, Hqp, Minv = Hqq.detach(), Hqp.detach(), Minv.detach()
         if use_v:
             if jacobian:
-                Hqq = Hqq + _potential_hessian(self.potential, q)
+                Hv = _potential_hessian(self.potential, q)
+                Hqq = Hqq + Hv
             dHq = dHq + _potential_gradient(self.potential, q)
             if H is not None:
                 with torch.no_grad():
@@ -267,7 +270,7 @@ class HamiltonianSystem(nn.Module):
             bottom = torch.cat([-Hqq, -Hqp], -1)
             J = torch.cat([top, bottom], -2)
         G = torch.cat([v, -dHq], -1)
-        return FieldEval(G, J, H, v, L)
+        return FieldEval(G, J, H, v, L, Hv)
 
     def _evaluate_graph(self, x: Tensor, jacobian: bool, closed_loop: bool) -> FieldEval:
         """:meth:`evaluate` with ``create_graph``: one autograd graph through the core and the potential."""
