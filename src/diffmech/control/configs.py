@@ -131,11 +131,11 @@ CONFIGS: dict[str, EigenmodeConfig] = {
     "other-pair": _MAIN.replace(name="other-pair", q0=(0.0, 0.0), target_angles=(1.5, 1.5), period=1.75,
                                 notes="appendix C: q0 = (0, 0), target FK(1.5, 1.5), T in {1.75, 2.5, 3.0}"),
     "main-fast": _MAIN.replace(name="main-fast", lr=1e-2, gamma=0.998, epochs=1500, steps_per_epoch=1, polish=True,
-                               polish_from=0.1,
+                               polish_from=0.1, polish_grid_points=400,
                                notes="the main configuration's task (q0, target, T = 1.5 s, c = 1e-4) trained "
                                      "fast: Adam lr 0.01 decaying 0.998 per step on the midpoint grid until the "
                                      "end-effector error at T/2 is below 10 cm, then the Gauss-Newton polish of "
-                                     "the mode's conditions on a 201-point RK4 grid"),
+                                     "the mode's conditions on a 401-point RK4 grid"),
     "learn-period": _MAIN.replace(name="learn-period", learn_period=True, epochs=200,
                                   notes="appendix D: T learned jointly from T = 1.0"),
     "learn-period-c": _MAIN.replace(name="learn-period-c", learn_period=True, epochs=200, q0=(0.0, 0.0),
