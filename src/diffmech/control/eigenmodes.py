@@ -11,6 +11,11 @@ with little control effort. The loss (soft-constrained, spec sections 2.3 to 2.5
 with ``S`` a fresh random set of grid times in the first half period at every step, the trajectory
 from the fixed-step solver of :mod:`~diffmech.control.flow` on the normalised grid, and ``T`` fixed
 or learned jointly (appendix D).
+
+Optionally (``polish=True`` in the config, not in the paper) the Adam phase is followed by a
+Gauss-Newton solve of the mode's conditions ``FK(q(T/2)) = x_d``, ``p(T/2) = 0`` on a finer, more
+accurate trajectory (:meth:`EigenmodeTrainer.polish`), which makes the learned orbit periodic and
+time-symmetric for the exact flow, not only on the training grid.
 """
 
 from __future__ import annotations

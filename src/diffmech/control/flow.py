@@ -196,21 +196,25 @@ def _stages(r: _Runner, X: Tensor, Tabs: Tensor, jac: bool, k0: int = 0) -> _Sta
         G, J, Hv = _field(r, Y, jac)
         return _Stages(Y.unsqueeze(2), G.unsqueeze(2), None if J is None else J.unsqueeze(2),
                        None if Hv is None else Hv.unsqueeze(2))
-    Ys, Gs, Js, Hs = [], [], [], []
+    Ys, Gs = [], []
     for s in range(sc.stages):
         Y = xk
         for j in range(s):
             if sc.a[s][j]:
                 Y = Y + (h * sc.a[s][j] * Tabs) * Gs[j]
-        G, J, Hv = _field(r, Y, jac)
+        G, _, _ = _field(r, Y, False)
         Ys.append(Y)
         Gs.append(G)
-        Js.append(J)
-        Hs.append(Hv)
-    if not jac:
-        return _Stages(torch.stack(Ys, 2), torch.stack(Gs, 2), None)
-    Hv = None if any(h_ is None for h_ in Hs) else torch.stack(Hs, 2)
-    return _Stages(torch.stack(Ys, 2), torch.stack(Gs, 2), torch.stack(Js, 2), Hv)
+    st = _Stages(torch.stack(Ys, 2), torch.stack(Gs, 2), None)
+    return _jacobians(r, st) if jac else st
+
+
+def _jacobians(r: _Runner, st: _Stages) -> _Stages:
+    """``st`` with the field's Jacobians at all its stage states, from one batched evaluation (the
+    explicit stages follow each other, their Jacobians do not: one call instead of one per stage
+    saves the per-call cost of the second derivatives through the rigid-body core)."""
+    G, J, Hv = _field(r, st.Y, True)
+    return _Stages(st.Y, G, J, Hv)
 
 
 def _residual(r: _Runner, X: Tensor, st: _Stages, Tabs: Tensor) -> Tensor:
@@ -370,7 +374,7 @@ def _newton(r: _Runner, x0: Tensor, Tabs: Tensor, X: Tensor, J_plant: Tensor | N
             lin = _linearize(r, st, Tabs)
             n_jac += 1
         elif rate > _REFRESH_RATE and new > tol:  # a stale linearisation: refresh it here
-            st = _stages(r, X, Tabs, jac=True)
+            st = _jacobians(r, st)
             lin = _linearize(r, st, Tabs)
             n_jac += 1
         if new > 0.5 * res and new <= 1e3 * eps * (1.0 + float(X.abs().max())):
@@ -380,7 +384,7 @@ def _newton(r: _Runner, x0: Tensor, Tabs: Tensor, X: Tensor, J_plant: Tensor | N
             return None
         res = new
     if st.J is None:  # the adjoint needs the exact step Jacobians of the final trajectory
-        st = _stages(r, X, Tabs, jac=True)
+        st = _jacobians(r, st)
         lin = _linearize(r, st, Tabs)
         n_jac += 1
     return X, st, lin, {"iterations": it, "jacobians": n_jac, "residual": hist[-1], "history": hist}

@@ -183,26 +183,27 @@ class MLPPotential(Potential):
         for lin in hidden[1:]:
             hs.append(torch.tanh(torch.addmm(lin.bias, hs[-1], lin.weight.t())))
         V = torch.addmm(out.bias, hs[-1], out.weight.t()).squeeze(-1)
+        ss = [1 - h.square() for h in hs]  # tanh' = 1 - tanh^2
         # backward sweep: r_i = dV/dh_i, g_i = dV/da_i
         rs = [out.weight.expand_as(hs[-1])]
         gs: list[Tensor] = []
         for i in range(len(hs) - 1, -1, -1):
-            gs.insert(0, (1 - hs[i].square()) * rs[0])
+            gs.insert(0, ss[i] * rs[0])
             if i > 0:
                 rs.insert(0, gs[0] @ hidden[i].weight)
         grad = (A @ gs[0].unsqueeze(-1)).squeeze(-1)
         if order < 2:
             return V.reshape(lead), grad.reshape(*lead, n)
         # forward tangents dh_i/dq (B, n, H)
-        dh = [(1 - hs[0].square()).unsqueeze(1) * A]
+        dh = [ss[0].unsqueeze(1) * A]
         for i, lin in enumerate(hidden[1:], 1):
-            dh.append((1 - hs[i].square()).unsqueeze(1) * (dh[-1] @ lin.weight.t()))
+            dh.append(ss[i].unsqueeze(1) * (dh[-1] @ lin.weight.t()))
         # tangents of the backward sweep: dg_i = d(1 - h_i^2) r_i + (1 - h_i^2) dr_i, dr_L = 0
         dr = None
         for i in range(len(hs) - 1, -1, -1):
-            dg = (-2 * hs[i]).unsqueeze(1) * dh[i] * rs[i].unsqueeze(1)
+            dg = dh[i] * (-2 * hs[i] * rs[i]).unsqueeze(1)
             if dr is not None:
-                dg = dg + (1 - hs[i].square()).unsqueeze(1) * dr
+                dg = torch.addcmul(dg, ss[i].unsqueeze(1), dr)
             if i > 0:
                 dr = dg @ hidden[i].weight
         Hs = A @ dg.transpose(-1, -2)  # (B, n, n): sum_k da_1k/dq_j d(g_1k)/dq_l
