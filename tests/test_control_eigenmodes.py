@@ -109,7 +109,7 @@ def test_all_configs_build():
         if name == "iiwa":
             pytest.importorskip("diff_robot_data")
         cfg = get_config(name)
-        tr = EigenmodeTrainer(cfg.replace(hidden=4))
+        tr = EigenmodeTrainer(cfg.replace(hidden=4, native=False))  # no kernel builds here
         assert tr.target.shape == (3,)
 
 
