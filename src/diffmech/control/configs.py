@@ -149,9 +149,17 @@ CONFIGS: dict[str, EigenmodeConfig] = {
                           ee_link="iiwa_link_ee", stiffness=(0.0, 0.0), rest=(0.0, 0.0), q0=(-0.5, 0.8),
                           target_angles=None, target_position=(0.6, 0.0, 0.95), period=1.5, epochs=300,
                           notes="beyond the paper: iiwa joints 2 and 4 (others locked at 0), task-space target"),
+}
+_FAST = dict(lr=1e-2, gamma=0.998, epochs=1500, steps_per_epoch=1, polish=True, polish_from=0.1, polish_grid_points=400)
+CONFIGS.update({
+    "three-link-fast": CONFIGS["three-link"].replace(name="three-link-fast", **_FAST,
+                                                     notes="the 3-link elastic arm with main-fast's schedule (Adam, "
+                                                           "then the Gauss-Newton polish)"),
+    "iiwa-fast": CONFIGS["iiwa"].replace(name="iiwa-fast", **_FAST,
+                                         notes="iiwa joints 2 and 4, task-space target, with main-fast's schedule"),
     "tiny": _MAIN.replace(name="tiny", hidden=16, epochs=6, steps_per_epoch=1, grid_points=40, samples=5,
                           notes="seconds-long smoke run for tests"),
-}
+})
 
 
 def get_config(name: str, **overrides) -> EigenmodeConfig:
