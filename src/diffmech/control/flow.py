@@ -134,14 +134,12 @@ class FlowCache:
     """
 
     X: Tensor | None = None
-    X_prev: Tensor | None = None  # the trajectory of the call before (for the extrapolated start)
     J_plant: Tensor | None = None  # (B, N, S, 2n, 2n) plant part of the stage Jacobians (without |T|)
-    extrapolate: bool = False  # start Newton from 2 X - X_prev: successive optimiser steps are correlated
     key: tuple | None = None
     stats: list = field(default_factory=list)
 
     def clear(self) -> None:
-        self.X = self.X_prev = self.J_plant = self.key = None
+        self.X = self.J_plant = self.key = None
 
 
 class _Stages(NamedTuple):
@@ -333,7 +331,7 @@ def _embed_hessian(Hv: Tensor, Y: Tensor) -> Tensor:
 # A refresh costs about six first-order evaluations of the field on the trajectory (the plant's second
 # derivatives by autograd through the rigid-body core), so slowly contracting chord iterations are
 # cheaper up to a rate of about one half.
-_REFRESH_RATE = float(__import__("os").environ.get("DIFFMECH_REFRESH", 0.5))
+_REFRESH_RATE = 0.5
 
 
 def _newton(r: _Runner, x0: Tensor, Tabs: Tensor, X: Tensor, J_plant: Tensor | None
@@ -397,10 +395,7 @@ def _solve(r: _Runner, x0: Tensor, Tabs: Tensor) -> tuple[Tensor, _Stages, _Lin]
     out = None
     info: dict = {"iterations": 0, "fallback": False}
     if r.solver == "newton" and cache is not None and cache.key == key and cache.X is not None:
-        guess = cache.X
-        if cache.extrapolate and cache.X_prev is not None:
-            guess = 2 * cache.X - cache.X_prev
-        out = _newton(r, x0, Tabs, guess, cache.J_plant)
+        out = _newton(r, x0, Tabs, cache.X, cache.J_plant)
         if out is None:
             info["fallback"] = True
     if out is not None:
@@ -412,7 +407,6 @@ def _solve(r: _Runner, x0: Tensor, Tabs: Tensor) -> tuple[Tensor, _Stages, _Lin]
         lin = _linearize(r, st, Tabs)
         info["residual"] = float(_residual(r, X, st, Tabs).abs().max())
     if cache is not None:
-        cache.X_prev = cache.X if cache.key == key else None
         cache.X, cache.key = X.detach(), key
         cache.J_plant = (st.J - (_potential_jacobian(r, st.Y) if st.Hv is None else _embed_hessian(st.Hv, st.Y))
                          ).detach()
