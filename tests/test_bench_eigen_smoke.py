@@ -26,12 +26,14 @@ def bench():
 
 
 def _report(bench, converged: bool) -> dict:
-    step = {"median_s": 0.1, "min_s": 0.09, "n": 3}
+    step = {"median_s": 0.1, "min_s": 0.09, "n": 3, "cpu_median_s": 0.08}
     cell = {"diffmech": step, "diffmech plain autograd": {**step, "median_s": 0.9},
-            "reference-style": {**step, "median_s": 0.6}}
-    cv = {"lr": 3e-3, "steps": 700, "train_s": 100.0 if converged else 300.0, "wall_s": 130.0, "converged": converged,
+            "reference-style": {**step, "median_s": 0.6, "cpu_median_s": 0.48}}
+    cv = {"config": "main-fast", "method": "midpoint", "lr": 1e-2, "gamma": 0.998, "polish_from": 0.1, "steps": 150,
+          "polish": {"iterations": 3, "seconds": 5.0, "grid_points": 201, "method": "rk4"},
+          "train_s": 100.0 if converged else 300.0, "train_cpu_s": 40.0, "wall_s": 130.0, "converged": converged,
           "ee_error_half_period": 0.004 if converged else 0.02, "periodicity_error": 0.05, "p_half_norm": 0.01,
-          "symmetry_error_q": 0.02, "line_shaped": False, "effort": 600.0, "checks": [{}],
+          "symmetry_error_q": 0.02, "line_shaped": False, "effort": 600.0,
           "newton_mean_iterations": 2.0, "newton_fallbacks": 0}
     return {"machine": {"cpu": "cpu", "cores": 2, "torch": "2", "threads": 1, "python": "3", "commit": "abc",
                         "date": "today"},
@@ -64,7 +66,7 @@ def test_markdown_block_replaced_in_place(bench, tmp_path, converged):
     text = md.read_text()
     assert "OLD" not in text and text.count(bench.MARK_START) == 1 and text.count(bench.MARK_END) == 1
     assert text.index("## Before") < text.index(bench.MARK_START) < text.index("## After")
-    assert "| 101 | 100 (90) | 900 (90) | 600 (90) | 6.0x | 9.0x |" in text
+    assert "| 101 | 100 (90) | 900 (90) | 600 (90) | 6.0x | 9.0x | 80 / 480 | 6.0x |" in text
     assert ("| converge | x | met |" if converged else "| converge | x | NOT met |") in text
     assert ("- converged:" if converged else "- NOT converged:") in text
 

@@ -154,3 +154,57 @@ def test_inverse_dynamics_matches_the_hamiltonian_field():
         torch.testing.assert_close(sys_.inverse_dynamics(x[:, :n], v, a), torch.zeros(5, n, dtype=torch.float64),
                                    rtol=0, atol=1e-10)
         torch.testing.assert_close(sys_.acceleration(x[:, :n], v, torch.zeros(5, n, dtype=torch.float64)), a)
+
+
+@pytest.mark.parametrize("fourier", [True, False])
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_mlp_closed_form_derivatives_match_autograd_and_fd(fourier, depth):
+    from diffmech.control.potentials import autograd_gradient, autograd_hessian
+
+    torch.manual_seed(depth)
+    pot = MLPPotential(3, hidden=16, depth=depth, fourier=fourier, dtype=torch.float64)
+    q = torch.randn(4, 5, 3, dtype=torch.float64)
+    V, g, H = pot.derivatives(q)
+    torch.testing.assert_close(V, pot(q).detach(), rtol=0, atol=1e-14)
+    torch.testing.assert_close(g, autograd_gradient(pot, q), rtol=0, atol=1e-13)
+    torch.testing.assert_close(H, autograd_hessian(pot, q), rtol=0, atol=1e-13)
+    torch.testing.assert_close(g, _fd(lambda qq: pot(qq).detach(), q), rtol=1e-8, atol=1e-8)
+    torch.testing.assert_close(H, _fd(lambda qq: pot.gradient(qq), q), rtol=1e-7, atol=1e-7)
+    # the parameters' gradient of a weighted control force (what the discrete adjoint asks for)
+    w = torch.randn_like(q)
+    params = list(pot.parameters())
+    a = torch.autograd.grad((pot.gradient(q, create_graph=True) * w).sum(), params, allow_unused=True)
+    b = torch.autograd.grad((autograd_gradient(pot, q, create_graph=True) * w).sum(), params, allow_unused=True)
+    for x, y in zip(a, b):
+        if x is None or y is None:  # the output bias does not move the gradient
+            assert x is None and y is None
+        else:
+            torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_split_field_equals_one_graph(native):
+    """The field without a graph (plant by the mass matrix's pull-back and the inverse dynamics,
+    potential in closed form) equals the single-autograd-graph field, with and without native
+    kernels, also for a joint subset."""
+    from diffmech.model.systems import n_link_pendulum
+
+    torch.manual_seed(0)
+    arm = n_link_pendulum(3, masses=(1.0, 0.8, 0.6), lengths=(0.7, 0.6, 0.5), stiffness=(0.0, 1.0, 1.0),
+                          rest=(0.0, 0.5, 0.5), bob_radius=0.0, dtype=torch.float64)
+    systems_ = [system(potential=True, hidden=16),
+                HamiltonianSystem(arm, MLPPotential(3, hidden=16, dtype=torch.float64)),
+                HamiltonianSystem(arm, MLPPotential(2, hidden=16, dtype=torch.float64), joints=[arm.joint_names[0],
+                                                                                                  arm.joint_names[2]],
+                                  locked=torch.tensor([0.0, 0.3, 0.0], dtype=torch.float64))]
+    for sys_ in systems_:
+        if native and not sys_.prepare_native():
+            pytest.skip("no native kernels (no C compiler)")
+        x = torch.randn(6, 2 * sys_.n, dtype=torch.float64)
+        ref = sys_._evaluate_graph(x, True, True)
+        for jac in (False, True):
+            ev = sys_.evaluate(x, jacobian=jac)
+            torch.testing.assert_close(ev.G, ref.G.detach(), rtol=0, atol=1e-12)
+            torch.testing.assert_close(ev.H, ref.H.detach(), rtol=0, atol=1e-12)
+            if jac:
+                torch.testing.assert_close(ev.J, ref.J, rtol=0, atol=1e-12)

@@ -12,7 +12,8 @@ import sys
 __all__ = ["add_eigenmode_parser", "run_eigenmode"]
 
 _CONFIG_NAMES = ("main", "example", "effort-sweep", "periods", "other-pair", "learn-period", "learn-period-c",
-                 "three-link", "iiwa", "tiny")
+                 "three-link", "iiwa", "tiny", "main-fast",
+                 "three-link-fast", "iiwa-fast")
 
 
 def add_eigenmode_parser(sub) -> argparse.ArgumentParser:

@@ -11,6 +11,11 @@ with little control effort. The loss (soft-constrained, spec sections 2.3 to 2.5
 with ``S`` a fresh random set of grid times in the first half period at every step, the trajectory
 from the fixed-step solver of :mod:`~diffmech.control.flow` on the normalised grid, and ``T`` fixed
 or learned jointly (appendix D).
+
+Optionally (``polish=True`` in the config, not in the paper) the Adam phase is followed by a
+Gauss-Newton solve of the mode's conditions ``FK(q(T/2)) = x_d``, ``p(T/2) = 0`` on a finer, more
+accurate trajectory (:meth:`EigenmodeTrainer.polish`), which makes the learned orbit periodic and
+time-symmetric for the exact flow, not only on the training grid.
 """
 
 from __future__ import annotations
@@ -114,6 +119,7 @@ class EigenmodeTrainer:
         with torch.random.fork_rng(devices=[]):  # seed the network's initialisation without touching the caller's RNG
             torch.manual_seed(cfg.seed)
             self.system = build_system(cfg)
+        self.native = bool(cfg.native) and self.system.prepare_native()
         self.dtype = cfg.torch_dtype
         dev = self.system.device
         self.generator = torch.Generator().manual_seed(cfg.seed + 1)
@@ -135,6 +141,8 @@ class EigenmodeTrainer:
         self.history: list[dict] = []
         self.train_seconds = 0.0
         self.stopped_early = False
+        self.polished = False
+        self.polish_info: dict = {}
 
     # ------------------------------------------------------------------ one step
     def flow(self, *, grad: bool = True) -> Flow:
@@ -181,13 +189,14 @@ class EigenmodeTrainer:
         bar = tqdm(total=total, initial=done, desc=f"eigenmode {cfg.name}", unit="step",
                    disable=not progress or not _isatty(), leave=False)
         last_ckpt = time.perf_counter()
+        reached_polish = False
         try:
-            while self.epoch < cfg.epochs and not self.stopped_early:
+            while self.epoch < cfg.epochs and not self.stopped_early and not self.polished:
                 for _ in range(cfg.steps_per_epoch):
                     t0 = time.perf_counter()
                     L = self.step(self.epoch)
                     self.train_seconds += time.perf_counter() - t0
-                    rec = {"step": len(self.history), "epoch": self.epoch, **L.scalars(),
+                    rec = {"step": len(self.history), "epoch": self.epoch, "phase": "adam", **L.scalars(),
                            "period": float(self.period.detach()), "lr": self.optimizer.param_groups[0]["lr"],
                            "newton_iterations": self.cache.stats[-1].get("iterations", 0) if self.cache.stats else 0,
                            "train_seconds": self.train_seconds}
@@ -196,6 +205,8 @@ class EigenmodeTrainer:
                     bar.set_postfix(loss=f"{rec['total']:.3g}", ee=f"{rec['ee_error']:.3g}")
                     stop = cfg.stop_ee is not None and rec["ee_error"] < cfg.stop_ee and (
                         cfg.stop_p is None or math.sqrt(rec["c_half"]) < cfg.stop_p)
+                    if cfg.polish and rec["ee_error"] < cfg.polish_from:
+                        reached_polish = stop = True
                     if callback is not None and callback(self, rec):
                         stop = True
                     if stop:
@@ -208,9 +219,111 @@ class EigenmodeTrainer:
                     last_ckpt = time.perf_counter()
         finally:
             bar.close()
+        if cfg.polish and not self.polished and (reached_polish or self.epoch >= cfg.epochs):
+            self.polish(progress=progress)
         if self.out:
             self.save()
         return self.history
+
+    # ------------------------------------------------------------------ Gauss-Newton polish
+    def mode_residual(self, grid: Tensor, method: str, cache: FlowCache | None = None) -> tuple[Tensor, Flow]:
+        """``r = (FK(q(T/2)) - x_d, p(T/2))`` (``(3 + n,)``, m and kg m^2/s) of the trajectory on
+        ``grid`` by ``method``, differentiable w.r.t. the potential's parameters."""
+        n = self.system.n
+        flow = hamiltonian_flow(self.system, self.x0, self.period.detach(), grid, method=method,
+                                solver=self.cfg.solver, cache=cache)
+        ih = half_index(grid)
+        X = flow.X
+        return torch.cat([self.system.end_effector(X[ih, :n]) - self.target, X[ih, n:]]), flow
+
+    def polish(self, *, progress: bool = False) -> dict:
+        """Solve ``FK(q(T/2)) = x_d, p(T/2) = 0`` by damped minimum-norm Gauss-Newton steps.
+
+        With ``p(0) = 0``, a turning point at ``T/2`` makes the orbit periodic and time-symmetric
+        (spec, Lemmas 2.1-2.3), so these ``3 + n`` residuals are the whole eigenmode condition plus
+        the task. Each iteration takes their Jacobian ``Jr (3 + n, P)`` w.r.t. the ``P`` parameters
+        (one discrete-adjoint pass per residual) and moves the parameters by the smallest step that
+        zeroes the linearised residual, ``-Jr^T (Jr Jr^T + mu s I)^{-1} r`` (Levenberg-Marquardt
+        damping ``mu`` relative to ``s = max diag Jr Jr^T``, raised tenfold after a step that does
+        not reduce ``||r||`` and lowered after one that does). The trajectory is the config's
+        ``polish_method`` on ``polish_grid_points`` (RK4 on 201 points by default: far more
+        accurate than the training grid's midpoint rule, so the solution holds for the exact flow).
+
+        Returns (and stores in :attr:`polish_info`): iterations, converged, final ``||FK - x_d||``,
+        ``||p(T/2)||``, seconds.
+        """
+        cfg = self.cfg
+        t_start = time.perf_counter()
+        self._polish_base = self.train_seconds
+        grid = code_grid(cfg.polish_grid_points, dtype=self.dtype, device=self.system.device)
+        cache = FlowCache()
+        params = [p for p in self.system.potential.parameters() if p.requires_grad]
+        tol_e, tol_p = cfg.polish_tol
+        mu = 1e-6
+        r, flow = self.mode_residual(grid, cfg.polish_method, cache)
+        converged = False
+        it = 0
+        for it in range(cfg.polish_max_iter + 1):
+            e_norm, p_norm = float(r[:3].detach().norm()), float(r[3:].detach().norm())
+            self._polish_record(flow, e_norm, p_norm, it, t_start)
+            if e_norm < tol_e and p_norm < tol_p:
+                converged = True
+                break
+            if it == cfg.polish_max_iter:
+                break
+            rows = []
+            for i in range(r.numel()):
+                gs = torch.autograd.grad(r[i], params, retain_graph=True, allow_unused=True)
+                rows.append(torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1)
+                                       for g, p in zip(gs, params)]))
+            Jr = torch.stack(rows).double()
+            rd = r.detach().double()
+            A = Jr @ Jr.T
+            scale = float(A.diagonal().max())
+            eye = torch.eye(A.shape[0], dtype=A.dtype, device=A.device)
+            theta0 = [p.detach().clone() for p in params]
+            accepted = False
+            for _ in range(12):
+                step = -(Jr.T @ torch.linalg.solve(A + mu * scale * eye, rd))
+                with torch.no_grad():
+                    off = 0
+                    for p, t0_ in zip(params, theta0):
+                        k = p.numel()
+                        p.copy_(t0_ + step[off:off + k].reshape(p.shape).to(p.dtype))
+                        off += k
+                try:
+                    r_new, flow_new = self.mode_residual(grid, cfg.polish_method, cache)
+                    ok = bool(torch.isfinite(r_new).all()) and float(r_new.detach().norm()) < float(rd.norm())
+                except (DiffmechError, RuntimeError):
+                    ok = False
+                if ok:
+                    r, flow = r_new, flow_new
+                    mu = max(mu / 10, 1e-12)
+                    accepted = True
+                    break
+                mu *= 10
+            if not accepted:
+                with torch.no_grad():
+                    for p, t0_ in zip(params, theta0):
+                        p.copy_(t0_)
+                break
+        self.cache.clear()
+        self.polished = True
+        self.polish_info = {"iterations": it, "converged": converged, "ee_error": e_norm, "p_half_norm": p_norm,
+                            "seconds": time.perf_counter() - t_start, "method": cfg.polish_method,
+                            "grid_points": int(grid.numel())}
+        return self.polish_info
+
+    def _polish_record(self, flow: Flow, e_norm: float, p_norm: float, it: int, t_start: float) -> None:
+        with torch.no_grad():
+            L = eigenmode_loss(self.system, flow, self.period.detach(), self.target, self.cfg, generator=self.generator)
+        # the polish's seconds count as training time
+        self.train_seconds = self._polish_base + time.perf_counter() - t_start
+        rec = {"step": len(self.history), "epoch": self.epoch, "phase": "polish", **L.scalars(),
+               "period": float(self.period.detach()), "lr": 0.0, "newton_iterations": it,
+               "train_seconds": self.train_seconds}
+        rec["ee_error"], rec["c_half"] = e_norm, p_norm ** 2
+        self.history.append(rec)
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict:
@@ -218,7 +331,7 @@ class EigenmodeTrainer:
                 "period": float(self.period.detach()), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "epoch": self.epoch, "history": self.history,
                 "train_seconds": self.train_seconds, "generator": self.generator.get_state(),
-                "stopped_early": self.stopped_early}
+                "stopped_early": self.stopped_early, "polished": self.polished, "polish_info": self.polish_info}
 
     def load_state_dict(self, state: dict) -> None:
         self.system.potential.load_state_dict(state["potential"])
@@ -231,6 +344,8 @@ class EigenmodeTrainer:
         self.train_seconds = float(state["train_seconds"])
         self.generator.set_state(state["generator"])
         self.stopped_early = bool(state.get("stopped_early", False))
+        self.polished = bool(state.get("polished", False))
+        self.polish_info = dict(state.get("polish_info", {}))
         self.cache.clear()
 
     def save(self) -> None:

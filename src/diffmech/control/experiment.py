@@ -102,6 +102,8 @@ def finish_learn(trainer: EigenmodeTrainer, out: str, *, plots: bool = True, sta
         "train_s": trainer.train_seconds,
         "verify_s": verify_s,
         "steps": len(trainer.history),
+        "adam_steps": sum(r.get("phase", "adam") == "adam" for r in trainer.history),
+        "polish": trainer.polish_info,
         "epochs": trainer.epoch,
         "stopped_early": trainer.stopped_early,
         "s_per_step": trainer.train_seconds / max(len(trainer.history), 1),
@@ -348,7 +350,10 @@ def format_metrics(m: dict, *, stabilize: bool = False) -> str:
             f"{1e3 * m['ee_error_half_period']:.2f} mm "
             f"(fixed-step {1e3 * m['fixed_step']['ee_error_half_period']:.2f} mm), "
             f"periodicity error {m['periodicity_error']:.3g}, |p(T/2)| {m['p_half_norm']:.3g}, "
-            f"effort {m['effort']:.4g}, {m['steps']} steps in {m['train_s']:.1f} s "
+            f"effort {m['effort']:.4g}, "
+            + (f"{m['adam_steps']} Adam steps + {m['polish'].get('iterations')} Gauss-Newton iterations"
+               if m.get("polish") else f"{m['steps']} steps")
+            + f" in {m['train_s']:.1f} s "
             f"({1e3 * m['s_per_step']:.0f} ms/step), wall {m['wall_s']:.1f} s")
 
 

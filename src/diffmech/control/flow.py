@@ -146,6 +146,7 @@ class _Stages(NamedTuple):
     Y: Tensor  # (B, N, S, D) stage states
     G: Tensor  # (B, N, S, D) vector field (without |T|)
     J: Tensor | None  # (B, N, S, D, D) its Jacobian (without |T|)
+    Hv: Tensor | None = None  # (B, N, S, n, n) the control potential's Hessian (its part of J)
 
 
 class _Lin(NamedTuple):
@@ -174,10 +175,13 @@ class _Runner:
 
 
 # ---------------------------------------------------------------------------- stage evaluation
-def _field(r: _Runner, Y: Tensor, jac: bool) -> tuple[Tensor, Tensor | None]:
+def _field(r: _Runner, Y: Tensor, jac: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
     shape = Y.shape
-    G, J = r.system.field(Y.reshape(-1, shape[-1]), jacobian=jac)
-    return G.reshape(shape), (None if J is None else J.reshape(*shape, shape[-1]))
+    ev = r.system.evaluate(Y.reshape(-1, shape[-1]), jacobian=jac, energy=False)
+    n = shape[-1] // 2
+    J = None if ev.J is None else ev.J.reshape(*shape, shape[-1])
+    Hv = None if ev.Hv is None else ev.Hv.reshape(*shape[:-1], n, n)
+    return ev.G.reshape(shape), J, Hv
 
 
 def _stages(r: _Runner, X: Tensor, Tabs: Tensor, jac: bool, k0: int = 0) -> _Stages:
@@ -187,19 +191,28 @@ def _stages(r: _Runner, X: Tensor, Tabs: Tensor, jac: bool, k0: int = 0) -> _Sta
     h = r.h[k0:k0 + xk.shape[1]].reshape(1, -1, 1)
     if sc.implicit:
         Y = 0.5 * (xk + X[:, 1:])
-        G, J = _field(r, Y, jac)
-        return _Stages(Y.unsqueeze(2), G.unsqueeze(2), None if J is None else J.unsqueeze(2))
-    Ys, Gs, Js = [], [], []
+        G, J, Hv = _field(r, Y, jac)
+        return _Stages(Y.unsqueeze(2), G.unsqueeze(2), None if J is None else J.unsqueeze(2),
+                       None if Hv is None else Hv.unsqueeze(2))
+    Ys, Gs = [], []
     for s in range(sc.stages):
         Y = xk
         for j in range(s):
             if sc.a[s][j]:
                 Y = Y + (h * sc.a[s][j] * Tabs) * Gs[j]
-        G, J = _field(r, Y, jac)
+        G, _, _ = _field(r, Y, False)
         Ys.append(Y)
         Gs.append(G)
-        Js.append(J)
-    return _Stages(torch.stack(Ys, 2), torch.stack(Gs, 2), None if not jac else torch.stack(Js, 2))
+    st = _Stages(torch.stack(Ys, 2), torch.stack(Gs, 2), None)
+    return _jacobians(r, st) if jac else st
+
+
+def _jacobians(r: _Runner, st: _Stages) -> _Stages:
+    """``st`` with the field's Jacobians at all its stage states, from one batched evaluation (the
+    explicit stages follow each other, their Jacobians do not: one call instead of one per stage
+    saves the per-call cost of the second derivatives through the rigid-body core)."""
+    G, J, Hv = _field(r, st.Y, True)
+    return _Stages(st.Y, G, J, Hv)
 
 
 def _residual(r: _Runner, X: Tensor, st: _Stages, Tabs: Tensor) -> Tensor:
@@ -303,9 +316,22 @@ def _potential_jacobian(r: _Runner, Y: Tensor) -> Tensor:
     """The control potential's part of the field Jacobian at stage states ``Y (..., 2n)`` (without |T|)."""
     n = r.system.n
     Hv = r.system.potential.hessian(Y[..., :n].reshape(-1, n)).reshape(*Y.shape[:-1], n, n)
+    return _embed_hessian(Hv, Y)
+
+
+def _embed_hessian(Hv: Tensor, Y: Tensor) -> Tensor:
+    """The field-Jacobian block ``[[0, 0], [-Hv, 0]]`` of a potential's Hessian ``Hv (..., n, n)``."""
+    n = Hv.shape[-1]
     J = Y.new_zeros(*Y.shape, Y.shape[-1])
     J[..., n:, :n] = -Hv
     return J
+
+
+# A chord iteration that shrinks the residual by less than this factor refreshes the step Jacobians.
+# A refresh costs about six first-order evaluations of the field on the trajectory (the plant's second
+# derivatives by autograd through the rigid-body core), so slowly contracting chord iterations are
+# cheaper up to a rate of about one half.
+_REFRESH_RATE = 0.5
 
 
 def _newton(r: _Runner, x0: Tensor, Tabs: Tensor, X: Tensor, J_plant: Tensor | None
@@ -345,8 +371,8 @@ def _newton(r: _Runner, x0: Tensor, Tabs: Tensor, X: Tensor, J_plant: Tensor | N
         if want_jac:
             lin = _linearize(r, st, Tabs)
             n_jac += 1
-        elif rate > 0.2 and new > tol:  # a stale linearisation: refresh it here
-            st = _stages(r, X, Tabs, jac=True)
+        elif rate > _REFRESH_RATE and new > tol:  # a stale linearisation: refresh it here
+            st = _jacobians(r, st)
             lin = _linearize(r, st, Tabs)
             n_jac += 1
         if new > 0.5 * res and new <= 1e3 * eps * (1.0 + float(X.abs().max())):
@@ -356,7 +382,7 @@ def _newton(r: _Runner, x0: Tensor, Tabs: Tensor, X: Tensor, J_plant: Tensor | N
             return None
         res = new
     if st.J is None:  # the adjoint needs the exact step Jacobians of the final trajectory
-        st = _stages(r, X, Tabs, jac=True)
+        st = _jacobians(r, st)
         lin = _linearize(r, st, Tabs)
         n_jac += 1
     return X, st, lin, {"iterations": it, "jacobians": n_jac, "residual": hist[-1], "history": hist}
@@ -382,7 +408,8 @@ def _solve(r: _Runner, x0: Tensor, Tabs: Tensor) -> tuple[Tensor, _Stages, _Lin]
         info["residual"] = float(_residual(r, X, st, Tabs).abs().max())
     if cache is not None:
         cache.X, cache.key = X.detach(), key
-        cache.J_plant = (st.J - _potential_jacobian(r, st.Y)).detach()
+        cache.J_plant = (st.J - (_potential_jacobian(r, st.Y) if st.Hv is None else _embed_hessian(st.Hv, st.Y))
+                         ).detach()
         cache.stats.append(info)
     return X, st, lin
 

@@ -21,6 +21,8 @@ from torch import Tensor, nn
 
 from ..errors import ModelError, ShapeError, SimulationError
 from .potentials import ZeroPotential
+from .potentials import potential_gradient as _potential_gradient
+from .potentials import potential_hessian as _potential_hessian
 
 __all__ = ["HamiltonianSystem", "FieldEval"]
 
@@ -33,6 +35,7 @@ class FieldEval(NamedTuple):
     H: Tensor  # (...) energy
     v: Tensor  # (..., n) M^{-1} p
     L: Tensor  # (..., n, n) Cholesky factor of M
+    Hv: Tensor | None = None  # (..., n, n) the control potential's Hessian (its part of J), when J was asked for
 
 
 class HamiltonianSystem(nn.Module):
@@ -193,12 +196,26 @@ class HamiltonianSystem(nn.Module):
         Returns:
             ``(G, J)`` with ``J = None`` unless ``jacobian``.
         """
-        ev = self.evaluate(x, jacobian=jacobian, create_graph=create_graph, closed_loop=closed_loop)
+        ev = self.evaluate(x, jacobian=jacobian, create_graph=create_graph, closed_loop=closed_loop, energy=False)
         return ev.G, ev.J
 
     def evaluate(self, x: Tensor, *, jacobian: bool = False, create_graph: bool = False,
-                 closed_loop: bool = True) -> FieldEval:
+                 closed_loop: bool = True, energy: bool = True) -> FieldEval:
         """:meth:`field` plus the by-products a controller needs (one mass-matrix factorisation).
+
+        Without ``create_graph`` the plant and the control potential are differentiated apart: the
+        plant's ``dH/dq`` is the pull-back of ``-1/2 v v^T`` through the mass matrix plus the
+        gravity and spring torques (inverse dynamics at rest), both by the rigid-body core (its
+        native kernels when they are built, see :meth:`prepare_native`), and the potential's
+        derivatives come from :meth:`~diffmech.control.potentials.Potential.gradient` and
+        :meth:`~diffmech.control.potentials.Potential.hessian` (closed form for
+        :class:`~diffmech.control.potentials.MLPPotential`). With ``jacobian`` the plant's second
+        derivatives are taken by autograd through the core. With ``create_graph`` everything goes
+        through one autograd graph (double backprop), as a plain autograd solver needs.
+
+        Args:
+            energy: also compute ``H`` (otherwise ``FieldEval.H`` is ``None``; saves the potential
+                energy's evaluation where only the field is wanted).
 
         Returns:
             A :class:`FieldEval`: ``G``, ``J``, ``H`` (closed-loop energy when ``closed_loop``),
@@ -207,21 +224,68 @@ class HamiltonianSystem(nn.Module):
         n = self.n
         if x.shape[-1] != 2 * n:
             raise ShapeError(f"HamiltonianSystem.field: x must have shape (..., {2 * n}), got {tuple(x.shape)}")
+        if create_graph:
+            return self._evaluate_graph(x, jacobian, closed_loop)
+        use_v = closed_loop and not isinstance(self.potential, ZeroPotential)
+        q = x[..., :n].detach()
+        p = x[..., n:].detach()
+        H = None
+        J = None
+        Hv = None
+        if not jacobian:
+            with torch.enable_grad():
+                qq = q.requires_grad_(True)
+                M = self.mass_matrix(qq)
+            L = self._cholesky(M.detach())
+            v = torch.cholesky_solve(p.unsqueeze(-1), L).squeeze(-1)
+            (dHq,) = torch.autograd.grad(M, qq, grad_outputs=-0.5 * v.unsqueeze(-1) * v.unsqueeze(-2))
+            with torch.no_grad():
+                dHq = dHq + self.inverse_dynamics(q.detach(), torch.zeros_like(p), torch.zeros_like(p))
+                if energy:
+                    H = 0.5 * (p * v).sum(-1) + self.plant_potential(q.detach())
+            q = q.detach()
+        else:
+            with torch.enable_grad():
+                qq = q.requires_grad_(True)
+                pp = p.requires_grad_(True)
+                M = self.mass_matrix(qq)
+                L = self._cholesky(M)
+                v = torch.cholesky_solve(pp.unsqueeze(-1), L).squeeze(-1)
+                Hp = 0.5 * (pp * v).sum(-1) + self.plant_potential(qq)
+                (dHq,) = torch.autograd.grad(Hp.sum(), qq, create_graph=True)
+                Hqq, Hqp = self._hessian_rows(dHq, qq, pp)
+                Minv = torch.cholesky_inverse(L)
+            q, dHq, v, L, H = q.detach(), dHq.detach(), v.detach(), L.detach(), Hp.detach()
+            Hqq, Hqp, Minv = Hqq.detach(), Hqp.detach(), Minv.detach()
+        if use_v:
+            if jacobian:
+                Hv = _potential_hessian(self.potential, q)
+                Hqq = Hqq + Hv
+            dHq = dHq + _potential_gradient(self.potential, q)
+            if H is not None:
+                with torch.no_grad():
+                    H = H + self.potential(q)
+        if jacobian:
+            top = torch.cat([Hqp.transpose(-1, -2), Minv], -1)
+            bottom = torch.cat([-Hqq, -Hqp], -1)
+            J = torch.cat([top, bottom], -2)
+        G = torch.cat([v, -dHq], -1)
+        return FieldEval(G, J, H, v, L, Hv)
+
+    def _evaluate_graph(self, x: Tensor, jacobian: bool, closed_loop: bool) -> FieldEval:
+        """:meth:`evaluate` with ``create_graph``: one autograd graph through the core and the potential."""
+        n = self.n
         with torch.enable_grad():
-            if create_graph:
-                if not x.requires_grad:
-                    x = x.detach().requires_grad_(True)
-                q, p = x[..., :n], x[..., n:]
-            else:
-                q = x[..., :n].detach().requires_grad_(True)
-                p = x[..., n:].detach().requires_grad_(jacobian)
+            if not x.requires_grad:
+                x = x.detach().requires_grad_(True)
+            q, p = x[..., :n], x[..., n:]
             M = self.mass_matrix(q)
             L = self._cholesky(M)
             v = torch.cholesky_solve(p.unsqueeze(-1), L).squeeze(-1)
             H = 0.5 * (p * v).sum(-1) + self.plant_potential(q)
             if closed_loop and not isinstance(self.potential, ZeroPotential):
                 H = H + self.potential(q)
-            (dHq,) = torch.autograd.grad(H.sum(), q, create_graph=create_graph or jacobian)
+            (dHq,) = torch.autograd.grad(H.sum(), q, create_graph=True)
             J = None
             if jacobian:
                 Hqq, Hqp = self._hessian_rows(dHq, q, p)
@@ -230,9 +294,23 @@ class HamiltonianSystem(nn.Module):
                 bottom = torch.cat([-Hqq, -Hqp], -1)
                 J = torch.cat([top, bottom], -2).detach()
         G = torch.cat([v, -dHq], -1)
-        if not create_graph:
-            G, H, v, L = G.detach(), H.detach(), v.detach(), L.detach()
         return FieldEval(G, J, H, v, L)
+
+    def prepare_native(self, gradients: bool = True) -> bool:
+        """Build (or load from the disk store) the native kernels of the mass matrix and the
+        inverse dynamics that :meth:`evaluate` uses for the robot's tree and dtype; returns
+        whether they are available (without them the torch implementation runs, with the same
+        results)."""
+        from ..dynamics import kernels
+
+        if not self.device.type == "cpu":
+            return False
+        try:
+            kernels.prepare(self.robot, algorithms=("mass_matrix", "inverse_dynamics"), dtypes=(self.dtype,),
+                            gradients=gradients)
+        except (kernels.NativeUnavailable, OSError):
+            return False
+        return True
 
     def _hessian_rows(self, dHq: Tensor, q: Tensor, p: Tensor) -> tuple[Tensor, Tensor]:
         """``d(dH/dq)/dq`` and ``d(dH/dq)/dp``, ``(..., n, n)`` each (row i: derivative of component i)."""
