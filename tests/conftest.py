@@ -33,6 +33,7 @@ import torch  # noqa: E402
 import diffmech  # noqa: E402
 
 ASSETS = os.path.join(os.path.dirname(__file__), "assets")
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
 # key -> (source, relative path, floating_base). Sources: "drm" = differentiable-robot-model's
 # diff_robot_data, "pybullet" = pybullet_data, "assets" = tests/assets (written for this suite).
@@ -77,6 +78,16 @@ def _load(key: str) -> diffmech.RobotModel:
         # massless links are deliberate in several test robots
         warnings.filterwarnings("ignore", message=".*has no <inertial>.*")
         return diffmech.load_urdf(robot_path(key), floating_base=ROBOTS[key][2])
+
+
+def load_example(name: str):
+    """The module ``examples/<name>.py`` (the examples are scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(EXAMPLES, f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def get_robot(key: str) -> diffmech.RobotModel:

@@ -4,19 +4,17 @@ open, and the gradient of where the ball lands matches central differences;
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 
 import pytest
 import torch
 
+from conftest import load_example
 from diffmech.sim import rollout, scenes
 
 pytest.importorskip("pybullet_data")
 
 G = 9.81
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
 
 @pytest.fixture(autouse=True)
@@ -33,10 +31,7 @@ def throw():
 
 
 def _example():
-    spec = importlib.util.spec_from_file_location("panda_throw", os.path.join(EXAMPLES, "panda_throw.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_example("panda_throw")
 
 
 def _hand_frame_ball(scene, qs):

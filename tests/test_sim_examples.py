@@ -7,23 +7,14 @@ and count the simulated steps as documented.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 
 import pytest
 
 pytest.importorskip("diff_robot_data")
 pytest.importorskip("matplotlib")
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(EXAMPLES, f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from conftest import load_example as _load
 
 
 def test_estimate_iiwa_params_recovers(tmp_path):
