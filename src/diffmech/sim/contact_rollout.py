@@ -5,6 +5,12 @@ reverse, recomputes step ``k`` under autograd from the stored state and back-pro
 adjoint through it (the contact impulses differentiated implicitly at the solver's solution), so
 memory is ``steps x state`` (plus each step's warm-start impulses, ``steps x contacts x 3``) and
 one step's graph. The solver of each step starts from the previous step's impulses.
+With ``checkpoint_every=k > 1`` only every ``k``-th state and its warm start are kept; the backward
+pass first recomputes the ``k`` states of a segment without a graph (one extra forward step per
+step) from its checkpoint, then walks them in reverse: memory ``(steps / k + k) x state``, so with
+``k`` about ``sqrt(steps)``, or ``steps / c`` for a fixed number ``c`` of checkpoints, it grows
+sublinearly (or not at all) with the horizon. The recomputed states are the forward pass's bit for
+bit (same warm starts, same operations), so the gradient does not depend on ``k``.
 ``adjoint="autograd"`` keeps the graph of the whole loop.
 """
 
@@ -44,17 +50,21 @@ def _check(k: int, q: Tensor, v: Tensor) -> None:
 
 class _Checkpointed(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, scene, ctrl, dt, T, stats, q0, v0, tau, *params):
+    def forward(ctx, scene, ctrl, dt, T, K, stats, q0, v0, tau, *params):
         Q = [q0.detach()]
         V = [v0.detach()]
         q, v = Q[0], V[0]
         info_all = {"iterations": 0, "residual": 0.0, "penetration": 0.0, "candidates": 0}
-        warm: list[dict] = [{}]  # the solver's warm start of each step, for the recomputation
+        # the solver's warm start of step k (k a checkpoint), for the bit-for-bit recomputation
+        warm: dict[int, dict] = {0: {}}
+        prev: dict = {}
         with torch.no_grad():
             for k in range(T):
                 info: dict = {}
-                q, v = contact_step(scene, q, v, ctrl(k, q, v, tau), dt, info, warm=warm[-1])
-                warm.append(info["lam"])
+                q, v = contact_step(scene, q, v, ctrl(k, q, v, tau), dt, info, warm=prev)
+                prev = info["lam"]
+                if (k + 1) % K == 0 and k + 1 < T:
+                    warm[k + 1] = prev
                 if k % 32 == 31 or k == T - 1:
                     _check(k, q, v)
                 info_all["iterations"] = max(info_all["iterations"], info["iterations"])
@@ -64,37 +74,58 @@ class _Checkpointed(torch.autograd.Function):
                 Q.append(q)
                 V.append(v)
         Qs, Vs = torch.stack(Q, 1), torch.stack(V, 1)
+        # with K == 1 the outputs are the stored states (no copy); otherwise keep the checkpoints
+        Qc, Vc = (Qs, Vs) if K == 1 else (Qs[:, ::K].clone(), Vs[:, ::K].clone())
         if stats is not None:
             stats.update({f"contact_{k}_max": x for k, x in info_all.items()})
-            stats["saved_state_bytes"] = (Qs.numel() + Vs.numel()) * Qs.element_size() + sum(
-                t.numel() * t.element_size() for w in warm for t in w.values())
-        ctx.scene, ctx.ctrl, ctx.dt, ctx.T, ctx.warm = scene, ctrl, dt, T, warm
+            stats["checkpoint_every"] = K
+            stats["saved_state_bytes"] = (Qc.numel() + Vc.numel()) * Qc.element_size() + sum(
+                t.numel() * t.element_size() for w in warm.values() for t in w.values())
+        ctx.scene, ctx.ctrl, ctx.dt, ctx.T, ctx.K, ctx.warm = scene, ctrl, dt, T, K, warm
         ctx.has_tau = tau is not None
-        ctx.save_for_backward(Qs, Vs, tau if tau is not None else torch.empty(0), *params)
+        ctx.save_for_backward(Qc, Vc, tau if tau is not None else torch.empty(0), *params)
         return Qs, Vs
 
     @staticmethod
     def backward(ctx, gQ, gV):
-        Qs, Vs, tau, *params = ctx.saved_tensors
-        T = ctx.T
+        Qc, Vc, tau, *params = ctx.saved_tensors
+        T, K = ctx.T, ctx.K
         aq, av = gQ[:, T].clone(), gV[:, T].clone()
-        gtau = torch.zeros_like(tau) if ctx.has_tau and ctx.needs_input_grad[7] else None
+        gtau = torch.zeros_like(tau) if ctx.has_tau and ctx.needs_input_grad[8] else None
         gp = [torch.zeros_like(p) for p in params]
-        with one_thread() if Qs.shape[0] <= JACOBIAN_MAX_BATCH else contextlib.nullcontext():
-            return _reverse(ctx, gQ, gV, Qs, Vs, tau, params, aq, av, gtau, gp)
+        with one_thread() if Qc.shape[0] <= JACOBIAN_MAX_BATCH else contextlib.nullcontext():
+            for s in range((T - 1) // K * K, -1, -K):
+                e = min(s + K, T)
+                seg = _segment(ctx, Qc[:, s // K], Vc[:, s // K], tau, s, e)
+                aq, av = _reverse(ctx, gQ, gV, seg, tau, params, aq, av, gtau, gp)
+        return (None, None, None, None, None, None, aq, av, gtau, *gp)
 
 
-def _reverse(ctx, gQ, gV, Qs, Vs, tau, params, aq, av, gtau, gp):
-    """Walk the steps backwards: recompute each under autograd, pull the adjoint through it."""
-    scene, ctrl, dt, T = ctx.scene, ctx.ctrl, ctx.dt, ctx.T
-    for k in range(T - 1, -1, -1):
+def _segment(ctx, q: Tensor, v: Tensor, tau: Tensor, s: int, e: int) -> list[tuple[int, Tensor, Tensor, dict]]:
+    """Steps ``s .. e-1`` as ``(k, q_k, v_k, warm start of step k)``, recomputed without a graph
+    from the checkpoint ``(q_s, v_s)`` exactly as the forward pass computed them."""
+    out = [(s, q, v, ctx.warm[s])]
+    tau = tau if ctx.has_tau else None
+    with torch.no_grad():
+        for k in range(s, e - 1):
+            info: dict = {}
+            q, v = contact_step(ctx.scene, q, v, ctx.ctrl(k, q, v, tau), ctx.dt, info, warm=out[-1][3])
+            out.append((k + 1, q, v, info["lam"]))
+    return out
+
+
+def _reverse(ctx, gQ, gV, seg, tau, params, aq, av, gtau, gp):
+    """Walk a segment's steps backwards: recompute each under autograd, pull the adjoint through it;
+    returns the adjoint at the segment's first state and accumulates into ``gtau`` and ``gp``."""
+    scene, ctrl, dt = ctx.scene, ctx.ctrl, ctx.dt
+    for k, qk, vk, warm in reversed(seg):
         with torch.enable_grad():
-            q = Qs[:, k].detach().requires_grad_()
-            v = Vs[:, k].detach().requires_grad_()
+            q = qk.detach().requires_grad_()
+            v = vk.detach().requires_grad_()
             tk = tau[:, k].detach().requires_grad_() if ctx.has_tau else None
             u = tk if tk is not None else ctrl(k, q, v, None)
             # the forward pass's warm start: the recomputed step is the forward step, bit for bit
-            q1, v1 = contact_step(scene, q, v, u, dt, warm=ctx.warm[k])
+            q1, v1 = contact_step(scene, q, v, u, dt, warm=warm)
             ins = [q, v] + ([tk] if tk is not None else []) + list(params)
             gs = torch.autograd.grad((q1, v1), ins, (aq, av), allow_unused=True)
         bad = [i for i, g in enumerate(gs) if g is not None and not torch.isfinite(g).all()]
@@ -110,7 +141,7 @@ def _reverse(ctx, gQ, gV, Qs, Vs, tau, params, aq, av, gtau, gp):
         for i, g in enumerate(gs[off:]):
             if g is not None:
                 gp[i] = gp[i] + g
-    return (None, None, None, None, None, aq, av, gtau, *gp)
+    return aq, av
 
 
 def _probe(policy, q0: Tensor, v0: Tensor, batch, scene: Scene, ps: list[Tensor]) -> None:
@@ -146,6 +177,7 @@ def scene_rollout(
     dt: float,
     *,
     adjoint: str = "checkpoint",
+    checkpoint_every: int = 1,
     steps: int | None = None,
     params: Sequence[Tensor] | None = None,
     progress: bool = False,
@@ -156,11 +188,14 @@ def scene_rollout(
     and ``(..., T+1, nv)``). ``stats`` receives ``contact_iterations_max``,
     ``contact_residual_max`` (the solver's last relative impulse change, largest over the steps),
     ``contact_penetration_max`` (m), ``contact_candidates_max`` and, with the checkpointed adjoint,
-    ``saved_state_bytes`` (states and warm-start impulses kept for the backward pass)."""
+    ``checkpoint_every`` and ``saved_state_bytes`` (states and warm-start impulses kept for the backward pass: every
+    ``checkpoint_every``-th; with 1 the returned trajectory itself)."""
     if adjoint not in ("checkpoint", "autograd"):
         from ..errors import OptionError
 
         raise OptionError(f"rollout: unknown adjoint {adjoint!r}; choose from ('checkpoint', 'autograd')")
+    if not isinstance(checkpoint_every, int) or isinstance(checkpoint_every, bool) or checkpoint_every < 1:
+        raise ShapeError(f"rollout: checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
     if q0.shape[-1] != scene.nq or v0.shape[-1] != scene.nv:
         raise ShapeError(f"rollout: the scene has nq={scene.nq}, nv={scene.nv}; got q0 {tuple(q0.shape)}, "
                          f"v0 {tuple(v0.shape)}")
@@ -215,7 +250,7 @@ def scene_rollout(
         ps = _trainable(scene, policy, params or [])
         if policy is not None:
             _probe(policy, q0f, v0f, batch, scene, ps)
-        Qs, Vs = _Checkpointed.apply(scene, ctrl, dt, T, stats, q0f, v0f, tauf, *ps)
+        Qs, Vs = _Checkpointed.apply(scene, ctrl, dt, T, min(checkpoint_every, max(T, 1)), stats, q0f, v0f, tauf, *ps)
         if progress:
             bar.update(T)
     if progress:

@@ -832,7 +832,7 @@ def rollout(
         robot: the model (its trainable parameters receive gradients), or a
             :class:`~diffmech.sim.Scene` (several models, ground, frictional contact; stepped by
             :mod:`~diffmech.sim.contact_step` with semi-implicit Euler; ``integrator``,
-            ``checkpoint_every``, ``f_ext``, ``passive`` and ``compile`` do not apply).
+            ``f_ext``, ``passive`` and ``compile`` do not apply).
         q0: (..., nq) initial configuration.
         v0: (..., nv) initial velocity.
         tau: either joint forces ``(..., T, nv)`` held constant over each step (time after the
@@ -852,7 +852,9 @@ def rollout(
             backward pass and recompute the states in between (one extra forward step per step):
             the saved states shrink ``k``-fold once the returned trajectory is released (with
             ``k = 1`` the saved states are the returned trajectory itself, plus the recorded
-            accelerations and a policy's controls).
+            accelerations and a policy's controls). With a :class:`~diffmech.sim.Scene` the
+            same, plus the contact solver's warm start of each kept step; the gradient is the same
+            for every ``k`` (the recomputed steps repeat the forward pass bit for bit).
         f_ext: optional (..., T, n_links, 6) link forces; torques per step (world-aligned axes,
             torque about the link origin).
         passive: include joint damping and springs.
@@ -907,8 +909,8 @@ def rollout(
         if f_ext is not None:
             raise OptionError("rollout: f_ext is not supported with contact (a Scene)")
         scene = robot if isinstance(robot, Scene) else Scene({robot.name: robot})
-        return scene_rollout(scene, q0, v0, tau, dt, adjoint=adjoint, steps=steps, params=params,
-                             progress=progress, stats=stats)
+        return scene_rollout(scene, q0, v0, tau, dt, adjoint=adjoint, checkpoint_every=checkpoint_every,
+                             steps=steps, params=params, progress=progress, stats=stats)
     integ = get_integrator(integrator)
     integ.check_robot(robot)
     if adjoint not in ADJOINTS:
