@@ -81,7 +81,7 @@ class _Checkpointed(torch.autograd.Function):
             stats["checkpoint_every"] = K
             stats["saved_state_bytes"] = (Qc.numel() + Vc.numel()) * Qc.element_size() + sum(
                 t.numel() * t.element_size() for w in warm.values() for t in w.values())
-        ctx.scene, ctx.ctrl, ctx.dt, ctx.T, ctx.K, ctx.warm = scene, ctrl, dt, T, K, warm
+        ctx.scene, ctx.ctrl, ctx.dt, ctx.T, ctx.K, ctx.warm, ctx.stats = scene, ctrl, dt, T, K, warm, stats
         ctx.has_tau = tau is not None
         ctx.save_for_backward(Qc, Vc, tau if tau is not None else torch.empty(0), *params)
         return Qs, Vs
@@ -93,11 +93,17 @@ class _Checkpointed(torch.autograd.Function):
         aq, av = gQ[:, T].clone(), gV[:, T].clone()
         gtau = torch.zeros_like(tau) if ctx.has_tau and ctx.needs_input_grad[8] else None
         gp = [torch.zeros_like(p) for p in params]
+        seg_bytes = 0
         with one_thread() if Qc.shape[0] <= JACOBIAN_MAX_BATCH else contextlib.nullcontext():
             for s in range((T - 1) // K * K, -1, -K):
                 e = min(s + K, T)
                 seg = _segment(ctx, Qc[:, s // K], Vc[:, s // K], tau, s, e)
+                if K > 1:
+                    seg_bytes = max(seg_bytes, sum(x.numel() * x.element_size() for _, q, v, w in seg[1:]
+                                                   for x in (q, v, *w.values())))
                 aq, av = _reverse(ctx, gQ, gV, seg, tau, params, aq, av, gtau, gp)
+        if ctx.stats is not None:
+            ctx.stats["backward_segment_bytes"] = seg_bytes
         return (None, None, None, None, None, None, aq, av, gtau, *gp)
 
 
@@ -188,8 +194,10 @@ def scene_rollout(
     and ``(..., T+1, nv)``). ``stats`` receives ``contact_iterations_max``,
     ``contact_residual_max`` (the solver's last relative impulse change, largest over the steps),
     ``contact_penetration_max`` (m), ``contact_candidates_max`` and, with the checkpointed adjoint,
-    ``checkpoint_every`` and ``saved_state_bytes`` (states and warm-start impulses kept for the backward pass: every
-    ``checkpoint_every``-th; with 1 the returned trajectory itself)."""
+    ``checkpoint_every`` and ``saved_state_bytes`` (states and warm-start impulses kept for the
+    backward pass: every ``checkpoint_every``-th; with 1 the returned trajectory itself); after
+    the backward pass, ``backward_segment_bytes``: the largest segment of states recomputed at
+    once (0 with 1)."""
     if adjoint not in ("checkpoint", "autograd"):
         from ..errors import OptionError
 
