@@ -137,6 +137,9 @@ def test_example_runs_on_a_tiny_budget(tmp_path):
                     "--popsize", "4", "--out", str(out), "--no-progress"])
     saved = json.loads((out / "results.json").read_text())
     assert (out / "panda_throw.png").stat().st_size > 0
+    # the default bounds the torques by the URDF's effort limits
+    assert saved["torque_limits"] == "urdf"
+    assert all(t <= e for t, e in zip(saved["gradient_max_abs_torque_per_joint"], saved["urdf_effort_limits"]))
     assert saved["gradient_error_m"] == pytest.approx(res["gradient_error_m"])
     grad, cma = saved["gradient"], saved["cmaes"]
     assert len(grad) == 4 and [e["steps"] for e in grad] == [80, 160, 240, 320]
