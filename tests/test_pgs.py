@@ -85,3 +85,47 @@ def test_native_sweeps_equal_the_torch_sweeps(dtype, monkeypatch):
         tol = 1e-12 if dtype == torch.float64 else 1e-5
         torch.testing.assert_close(a.lam, b.lam, rtol=tol, atol=tol)
         assert a.iterations == b.iterations
+
+
+def test_closed_form_residual_jacobian_equals_autograd():
+    """The implicit backward's ``dF/dlam`` (closed form) against autograd through the residual, on
+    problems whose solutions have separated, sticking and sliding blocks."""
+    from diffmech.contact.pgs import _modes, _residual, _residual_jacobian
+
+    seen = torch.zeros(3, dtype=torch.bool)
+    for seed in range(12):
+        A, c, mu = _problem(seed, K=4)
+        lam = _solve(A, c, mu).lam
+        modes = _modes(lam, A, c, mu)
+        active, sliding, _ = modes
+        seen |= torch.stack([(~active).any(), (active & ~sliding).any(), sliding.any()])
+        J, _, _ = _residual_jacobian(lam, A, c, mu, *modes)
+        def one(x, A, c, mu, *m):
+            return _residual(x.reshape(4, 3)[None], A[None], c[None], mu[None], *(t[None] for t in m)).reshape(-1)
+
+        ref = torch.func.vmap(torch.func.jacrev(one))(lam.reshape(2, -1), A, c, mu, *modes)
+        torch.testing.assert_close(J, ref, rtol=1e-12, atol=1e-12)
+    assert seen.all()  # every mode occurred
+
+
+def test_implicit_backward_equals_autograd_through_the_residual():
+    """The closed-form parameter gradients of the implicit backward against the implicit function
+    theorem done by autograd (the Jacobian of the residual and its VJP w.r.t. ``A``, ``c``, ``mu``)."""
+    from diffmech.contact.pgs import _modes, _residual
+
+    for seed in range(12):
+        A, c, mu = _problem(seed, K=4)
+        lam = _solve(A, c, mu).lam
+        g = torch.randn(lam.shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
+        A_, c_, mu_ = (t.clone().requires_grad_(True) for t in (A, c, mu))
+        (_solve(A_, c_, mu_).lam * g).sum().backward()
+        modes = _modes(lam, A, c, mu)
+        x = lam.reshape(2, -1).clone().requires_grad_(True)
+        f = _residual(x.reshape(2, 4, 3), A, c, mu, *modes).reshape(2, -1)
+        J = torch.stack([torch.autograd.grad(f[:, i].sum(), x, retain_graph=True)[0] for i in range(12)], 1)
+        u = (torch.linalg.pinv(J.transpose(-1, -2)) @ g.reshape(2, 12, 1))[..., 0]
+        Ar, cr, mur = (t.clone().requires_grad_(True) for t in (A, c, mu))
+        f = _residual(lam, Ar, cr, mur, *modes).reshape(2, -1)
+        ref = torch.autograd.grad(f, (Ar, cr, mur), -u)
+        for got, want in zip((A_.grad, c_.grad, mu_.grad), ref):
+            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)

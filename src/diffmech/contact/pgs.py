@@ -121,6 +121,41 @@ def _residual(lam: Tensor, A: Tensor, c: Tensor, mu: Tensor, active: Tensor, sli
     return torch.cat([f_n[..., None], f_t], dim=-1)
 
 
+def _residual_jacobian(lam: Tensor, A: Tensor, c: Tensor, mu: Tensor, active: Tensor, sliding: Tensor,
+                       free_t: Tensor) -> tuple[Tensor, Tensor, dict]:
+    """``J = dF/dlam`` of :func:`_residual` in closed form, ``(B, 3K, 3K)``, the mask of the rows
+    that read ``w`` (``(B, 3K)``), and the sliding blocks' pieces the parameter gradients reuse.
+
+    Rows ``f = w_r`` are rows of ``A``; rows ``f = lam_r`` are unit rows; a sliding block's
+    tangent rows ``f_t = lam_t - mu lam_n z/|z|`` with ``z = lam_t - D_t w_t`` give
+    ``E_t - mu z_hat e_n^T - mu lam_n P (E_t - D_t A_t)``, ``P = (I - z_hat z_hat^T) / |z|``."""
+    B, K, _ = lam.shape
+    R = 3 * K
+    inv = _inverse_diagonal(A).reshape(B, K, 3)
+    w = ((A @ lam.reshape(B, R, 1))[..., 0] + c).reshape(B, K, 3)
+    z = lam[..., 1:] - w[..., 1:] * inv[..., 1:]
+    zn = z.norm(dim=-1).clamp_min(1e-300)
+    z_hat = z / zn[..., None]
+    stick = active & ~free_t & ~sliding
+    wrow = torch.stack([active, stick, stick], -1).reshape(B, R)
+    eye = torch.eye(R, dtype=A.dtype, device=A.device)
+    J = torch.where(wrow[..., None], A, eye)
+    if bool(sliding.any()):
+        E = eye.reshape(K, 3, R)
+        Et, en = E[:, 1:], E[:, 0]  # (K, 2, R), (K, R)
+        At = A.reshape(B, K, 3, R)[:, :, 1:]
+        I2 = torch.eye(2, dtype=A.dtype, device=A.device)
+        P = (I2 - z_hat[..., :, None] * z_hat[..., None, :]) / zn[..., None, None]
+        mln = mu * lam[..., 0]  # (B, K)
+        S = Et - (mu[..., None] * z_hat)[..., None] * en[:, None, :] - mln[..., None, None] * (
+            P @ (Et - inv[..., 1:, None] * At))
+        Jb = J.reshape(B, K, 3, R)
+        J = torch.cat([Jb[:, :, :1], torch.where(sliding[..., None, None], S, Jb[:, :, 1:])], 2).reshape(B, R, R)
+    else:
+        P = mln = None
+    return J, wrow, {"w": w, "inv": inv, "z_hat": z_hat, "P": P, "mln": mln}
+
+
 class _ImplicitPGS(torch.autograd.Function):
     @staticmethod
     def forward(ctx, lam, A, c, mu):
@@ -131,25 +166,42 @@ class _ImplicitPGS(torch.autograd.Function):
     def backward(ctx, grad):
         lam, A, c, mu = ctx.saved_tensors
         B, K, _ = lam.shape
-        modes = _modes(lam, A, c, mu)
-        with torch.enable_grad():
-            x = lam.detach().reshape(B, 3 * K).requires_grad_(True)
-            # J = dF/dlam, (B, 3K, 3K), row by row in one batched backward.
-            f = _residual(x.reshape(B, K, 3), A.detach(), c.detach(), mu.detach(), *modes).reshape(B, 3 * K)
-            eye = torch.eye(3 * K, dtype=lam.dtype, device=lam.device).expand(B, 3 * K, 3 * K)
-            (J,) = torch.autograd.grad(f, x, eye.transpose(0, 1), is_grads_batched=True)
-            J = J.transpose(0, 1)
-            # J^T u = grad. Least norm: a statically indeterminate contact (four corners of a box
-            # on the ground) leaves a null space in the normal impulses that moves no velocity.
-            u = (torch.linalg.pinv(J.transpose(-1, -2)) @ grad.reshape(B, 3 * K, 1))[..., 0]
-            inputs = [t for t in (A, c, mu) if t.requires_grad]
-            if not inputs:
-                return None, None, None, None
-            A_, c_, mu_ = (t.detach().requires_grad_(t.requires_grad) for t in (A, c, mu))
-            f = _residual(lam.detach(), A_, c_, mu_, *modes).reshape(B, 3 * K)
-            wrt = [t for t in (A_, c_, mu_) if t.requires_grad]
-            got = iter(torch.autograd.grad(f, wrt, -u, allow_unused=True))
-        return (None, *(next(got) if t.requires_grad else None for t in (A_, c_, mu_)))
+        R = 3 * K
+        active, sliding, free_t = _modes(lam, A, c, mu)
+        J, wrow, parts = _residual_jacobian(lam, A, c, mu, active, sliding, free_t)
+        # J^T u = grad. Least norm: a statically indeterminate contact (four corners of a box on
+        # the ground) leaves a null space in the normal impulses that moves no velocity.
+        u = (torch.linalg.pinv(J.transpose(-1, -2)) @ grad.reshape(B, R, 1))[..., 0]
+        if not (A.requires_grad or c.requires_grad or mu.requires_grad):
+            return None, None, None, None
+        # dL/dtheta = -u^T dF/dtheta. F reads c and A through w = A lam + c: the coefficient of w
+        # is -u on the rows f = w, and mu lam_n D_t P (-u_t) on a sliding block's tangent rows.
+        v = -u
+        a = torch.where(wrow, v, torch.zeros_like(v)).reshape(B, K, 3)
+        g_mu = None
+        if parts["P"] is not None:
+            Pv = (parts["P"] @ v.reshape(B, K, 3)[..., 1:, None])[..., 0]  # (B, K, 2)
+            mln, inv = parts["mln"], parts["inv"]
+            slide_t = mln[..., None] * inv[..., 1:] * Pv
+            a = torch.cat([a[..., :1], torch.where(sliding[..., None], slide_t, a[..., 1:])], -1)
+            # ... and mu directly: d f_t / d mu = -lam_n z_hat
+            g_mu = torch.where(sliding, -lam[..., 0] * (v.reshape(B, K, 3)[..., 1:] * parts["z_hat"]).sum(-1),
+                               torch.zeros_like(mu))
+        a = a.reshape(B, R)
+        g_c = a if c.requires_grad else None
+        g_A = None
+        if A.requires_grad:
+            g_A = a[..., :, None] * lam.reshape(B, 1, R)
+            if parts["P"] is not None:
+                # z = lam_t - inv_t w_t with inv = 1 / diag(A): d f_t / d inv_t = mu lam_n P diag(w_t)
+                # and d inv_r / d A_rr = -inv_r^2
+                d = torch.where(sliding[..., None], -parts["mln"][..., None] * Pv * parts["w"][..., 1:]
+                                * parts["inv"][..., 1:] ** 2, torch.zeros_like(Pv))
+                d = torch.cat([torch.zeros_like(d[..., :1]), d], -1).reshape(B, R)
+                g_A = g_A + torch.diag_embed(d)
+        if g_mu is None and mu.requires_grad:
+            g_mu = torch.zeros_like(mu)
+        return None, g_A, g_c, (g_mu if mu.requires_grad else None)
 
 
 def pgs(A: Tensor, c: Tensor, mu: Tensor, *, iterations: int = 50, tol: float = 1e-9,
