@@ -22,6 +22,7 @@ import json
 import math
 import os
 import platform
+import resource
 import sys
 import time
 
@@ -75,8 +76,9 @@ def main(argv=None) -> dict:
             row = {"batch": batch, "T": T, "same_gradient": same}
             for name, r in (("dense", dense), ("sparse", sparse)):
                 row[name] = {k: v for k, v in r.items() if not k.startswith("grad")}
+            row["process_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
             rows.append(row)
-            print(f"B={batch} T={T}: " + "; ".join(
+            print(f"B={batch} T={T} (process peak RSS so far {row['process_peak_rss_mb']:.0f} MB): " + "; ".join(
                 f"{n} (every {r['every']}) fwd {r['forward_ms_per_step']:.2f} bwd {r['backward_ms_per_step']:.2f} "
                 f"ms/step kept {r['kept_bytes'] / 1e6:.3f} MB segment {r['segment_bytes'] / 1e6:.3f} MB"
                 for n, r in (("dense", row["dense"]), ("sparse", row["sparse"]))) + f"; same gradient {same}",
