@@ -47,6 +47,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    bench_contact.prepare_kernels()
     load0, t_start = os.getloadavg(), time.perf_counter()
     have_mj = bench_contact.mujoco_laikago() is not None
     bench_contact.run("laikago", "checkpoint", 5, 1)  # first calls off the clock
@@ -90,6 +91,7 @@ def markdown(rep: dict) -> list[str]:
              f"{mc['commit']}; load average (1/5/15 min) at the start "
              f"{' / '.join(f'{x:.1f}' for x in rep['load_before'])}, at the end "
              f"{' / '.join(f'{x:.1f}' for x in rep['load_after'])}._", "",
+             "Native kernels for the robot's mass matrix and bias forces (`diffmech.dynamics.kernels.prepare`). "
              "`scenes.laikago` copies in one batch, dt 1e-3, float64, zero commanded torque; gradient of the chassis' "
              "final x + z w.r.t. every torque and the drives' stiffness (checkpointed adjoint). Per robot-step: "
              "forward + backward time / (batch x steps). MuJoCo: `mjd_transitionFD` (one step's derivatives by centred "

@@ -115,6 +115,26 @@ def test_gradients_of_state_and_parameters(robots, name, algorithm):
         assert rel_err(a, b) < 1e-10, (name, algorithm, k)
 
 
+@pytest.mark.parametrize("name", ["chain", "free"])
+def test_bias_forces_run_the_inverse_dynamics_kernel(robots, name):
+    """``bias_forces`` (the contact step's ``h``) by the inverse-dynamics kernel at zero
+    acceleration: values and state gradients as the torch code's."""
+    robot = robots[name]
+    q, v, _ = (t.clone().requires_grad_(True) for t in _args(robot, "inverse_dynamics", 13, seed=9))
+    w = torch.randn(13, robot.nv, dtype=F64, generator=torch.Generator().manual_seed(2))
+    with kernels.native_mode("build"):
+        got = robot.bias_forces(q, v)
+        fns = [got.grad_fn] + [f for f, _ in got.grad_fn.next_functions]
+        assert any("Native" in type(f).__name__ for f in fns)  # the kernel ran
+        g_got = torch.autograd.grad((got * w).sum(), (q, v))
+    with kernels.native_mode("never"):
+        want = robot.bias_forces(q, v)
+        g_want = torch.autograd.grad((want * w).sum(), (q, v))
+    assert rel_err(got, want) < 1e-11
+    for a, b in zip(g_got, g_want):
+        assert rel_err(a, b) < 1e-10
+
+
 def test_second_derivatives_differentiate_the_torch_code(robots):
     robot = robots["chain"]
     q, v, tau = (t.clone().requires_grad_(True) for t in _args(robot, "forward_dynamics", 3, seed=2))

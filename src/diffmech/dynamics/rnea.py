@@ -147,6 +147,10 @@ def bias_forces(robot: RobotParameters, q: Tensor, v: Tensor, *, passive: bool =
     """``h(q, v) = C(q, v) v + g(q) (- tau_passive)``, ``(..., nv)``: RNEA with zero acceleration."""
     flat, batch = as_state(robot, [("q", q, robot.nq), ("v", v, robot.nv)])
     qf, vf = flat
+    # the inverse-dynamics kernel at zero acceleration, where one is built (see kernels.set_native)
+    out = default_native(robot, "inverse_dynamics", [qf, vf, torch.zeros_like(vf)], passive, False)
+    if out is not None:
+        return out.reshape(*batch, robot.nv)
     tree, mt = bind(robot, qf)
     h = rnea_flat(tree, mt, joint_q(tree, qf), joint_v(tree, vf), None, passive=passive)
     return generalized_force(tree, h).reshape(*batch, robot.nv)
