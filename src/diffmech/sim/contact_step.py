@@ -75,6 +75,21 @@ def _tangents(n: Tensor) -> tuple[Tensor, Tensor]:
     return t1, torch.linalg.cross(n, t1)
 
 
+_FRAMES: dict = {}
+
+
+def _shape_frame(s: Shape, dtype, device) -> tuple[Tensor | None, Tensor | None]:
+    """A shape's rotation and offset in its link's frame as tensors, ``None`` where they are the
+    identity or zero (most shapes): built once per shape placement, dtype and device."""
+    key = (s.rpy, s.xyz, dtype, device)
+    got = _FRAMES.get(key)
+    if got is None:
+        R = None if not any(s.rpy) else rpy_to_matrix(torch.tensor(s.rpy, dtype=dtype, device=device))
+        p = None if not any(s.xyz) else torch.tensor(s.xyz, dtype=dtype, device=device)
+        got = _FRAMES[key] = (R, p)
+    return got
+
+
 def _adjacent(robot, a: str, b: str) -> bool:
     t = robot.tree
     la, lb = t.link(a), t.link(b)
@@ -198,9 +213,9 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
             li = m.link_names.index(link)
             T = poses[n][:, li]
             for k, s in enumerate(shapes):
-                Rs = rpy_to_matrix(torch.tensor(s.rpy, dtype=dtype, device=q.device))
-                R = T[:, :3, :3] @ Rs
-                p = T[:, :3, 3] + T[:, :3, :3] @ torch.tensor(s.xyz, dtype=dtype, device=q.device)
+                Rs, xyz = _shape_frame(s, dtype, q.device)
+                R = T[:, :3, :3] if Rs is None else T[:, :3, :3] @ Rs
+                p = T[:, :3, 3] if xyz is None else T[:, :3, 3] + T[:, :3, :3] @ xyz
                 size = scene.shape_size(n, link, k)
                 if isinstance(size, Tensor):
                     radius = Shape(s.kind, tuple(size.detach().tolist())).bounding_radius
@@ -230,6 +245,7 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
         return torch.nn.functional.pad(Jp, (sl.start, scene.nv - sl.stop))
 
     rows, phis, mus, es, keys = [], [], [], [], []
+    nrms, Js = [], []  # contact normals and Jacobians, turned into (normal, tangent) rows at once below
     for cand, a, b, (ma, mb, la, lb), gkey in groups:
         Jrel = point_jac(a, cand.point)
         if b is not None:
@@ -240,14 +256,16 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
             continue
         idx = keep.nonzero()[:, 0]
         keys.extend((*gkey, c) for c in idx.tolist())
-        nrm, J, phi = cand.normal[:, idx], Jrel[:, idx], cand.phi[:, idx]
-        t1, t2 = _tangents(nrm)
-        basis = torch.stack([nrm, t1, t2], dim=-2)  # (B, k, 3, 3)
-        rows.append(basis @ J)
-        phis.append(phi)
+        nrms.append(cand.normal[:, idx])
+        Js.append(Jrel[:, idx])
+        phis.append(cand.phi[:, idx])
         mu, e = scene.coefficients(ma, mb, la, lb)
         mus.append(torch.as_tensor(mu, dtype=dtype, device=q.device).expand(B, len(idx)))
         es.append(torch.as_tensor(e, dtype=dtype, device=q.device).expand(B, len(idx)))
+    if nrms:
+        nrm = torch.cat(nrms, 1)
+        t1, t2 = _tangents(nrm)
+        rows.append(torch.stack([nrm, t1, t2], dim=-2) @ torch.cat(Js, 1))  # (B, k, 3, nv)
     if scene.limits:
         for n in names:
             m = scene.models[n]
