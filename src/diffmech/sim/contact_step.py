@@ -246,10 +246,40 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
 
     rows, phis, mus, es, keys = [], [], [], [], []
     nrms, Js = [], []  # contact normals and Jacobians, turned into (normal, tangent) rows at once below
+    ground = [g for g in groups if g[2] is None]
+    if ground:
+        # the candidates of every shape near the ground side by side: one pass for all of them
+        counts = [g[0].phi.shape[1] for g in ground]
+        Jw = torch.stack([torch.nn.functional.pad(jac_world[g[1]], (scene.vslices[g[1][0]].start,
+                                                                    scene.nv - scene.vslices[g[1][0]].stop))
+                          for g in ground], 1)  # (B, S, 6, nv)
+        owner = [i for i, k in enumerate(counts) for _ in range(k)]
+        sidx = torch.tensor(owner, device=q.device)
+        pts = torch.cat([g[0].point for g in ground], 1)
+        Jc = Jw[:, sidx]
+        Jrel = Jc[:, :, :3] - skew(pts) @ Jc[:, :, 3:]  # (B, m, 3, nv)
+        phi_g = torch.cat([g[0].phi for g in ground], 1)
+        vrel = (Jrel @ v_free[:, None, :, None])[..., 0]
+        keep = (phi_g < 2e-3 + 2.0 * dt * vrel.norm(dim=-1)).any(0)
+        if bool(keep.any()):
+            idx = keep.nonzero()[:, 0]
+            first = [0]
+            for k in counts:
+                first.append(first[-1] + k)
+            keys.extend((*ground[owner[j]][4], j - first[owner[j]]) for j in idx.tolist())
+            nrms.append(torch.cat([g[0].normal for g in ground], 1)[:, idx])
+            Js.append(Jrel[:, idx])
+            phis.append(phi_g[:, idx])
+            coef = [scene.coefficients(*g[3]) for g in ground]
+            at = sidx[idx]
+            for out, j in ((mus, 0), (es, 1)):
+                per_shape = torch.cat([torch.as_tensor(c[j], dtype=dtype, device=q.device).expand(B, 1)
+                                       for c in coef], 1)
+                out.append(per_shape[:, at])
     for cand, a, b, (ma, mb, la, lb), gkey in groups:
-        Jrel = point_jac(a, cand.point)
-        if b is not None:
-            Jrel = Jrel - point_jac(b, cand.point)
+        if b is None:
+            continue
+        Jrel = point_jac(a, cand.point) - point_jac(b, cand.point)
         vrel = (Jrel @ v_free[:, None, :, None])[..., 0]
         keep = (cand.phi < 2e-3 + 2.0 * dt * vrel.norm(dim=-1)).any(0)
         if not bool(keep.any()):
