@@ -23,7 +23,7 @@ import torch
 
 from ..errors import OptionError
 
-__all__ = ["mujoco_ant", "MujocoAnt", "diffmech_to_mujoco_state", "transplant"]
+__all__ = ["mujoco_ant", "MujocoAnt", "diffmech_to_mujoco_state", "transplant", "zero_action_agreement"]
 
 
 def mujoco_ant(geometry=None, *, timestep: float = 0.01, integrator: str = "Euler", friction: float = 1.0):
