@@ -138,15 +138,17 @@ class Ant(DiffEnv):
         return ~self.healthy(q1, v1)
 
     def draw_points(self, q: Tensor) -> Tensor:
-        """``(B, 13, 3)``: the feet, knees and hips of the four legs joined through the torso centre."""
+        """``(B, 25, 3)``: from the torso's centre out along each leg (hip, ankle, the foot's end
+        sphere) and back, leg after leg, drawn as one polyline."""
         T = self.robot.forward_kinematics(q)
         names = self.robot.link_names
-        pts = []
+        centre = T[..., names.index("torso"), :3, 3]
+        pts = [centre]
         for leg in ("front_left", "front_right", "back_right", "back_left"):
             shin = T[..., names.index(f"{leg}_shin"), :, :]
-            foot = shin[..., :3, 3] + shin[..., :3, :3] @ shin.new_tensor(self._foot_offset(leg))
-            pts += [T[..., 0, :3, 3], T[..., names.index(f"{leg}_thigh"), :3, 3], shin[..., :3, 3], foot]
-        pts.append(T[..., 0, :3, 3])
+            hip, ankle = T[..., names.index(f"{leg}_thigh"), :3, 3], shin[..., :3, 3]
+            foot = ankle + shin[..., :3, :3] @ shin.new_tensor(self._foot_offset(leg))
+            pts += [hip, ankle, foot, ankle, hip, centre]
         return torch.stack(pts, -2)
 
     def _foot_offset(self, leg: str) -> tuple[float, float, float]:
