@@ -135,8 +135,8 @@ def transplant(run, *, episodes: int = 5, which: str = "best", horizon: int | No
 
     Returns:
         ``{"policy_return", "random_return"`` (means over the episodes), their per-episode lists,
-        ``"policy_steps"``, ``"policy_distance"`` (m along ``x``), ``"diffmech_return"`` (the same
-        policy and start states in diffmech), ...}.
+        ``"policy_steps"``, ``"policy_distance"`` (m along ``x``), ``"diffmech_return"`` and
+        ``"diffmech_random_return"`` (the same policies and start states in diffmech), ...}.
     """
     from .train import _load_policy, make_env
 
@@ -185,6 +185,10 @@ def transplant(run, *, episodes: int = 5, which: str = "best", horizon: int | No
     dm = make_env("ant", episodes, seed=seed, **kwargs)
     dm.seed(seed)
     out["diffmech_return"] = evaluate(dm, policy_t)
+    g = torch.Generator(device=dm.device).manual_seed(seed)
+    dm.seed(seed)
+    out["diffmech_random_return"] = evaluate(dm, lambda obs: 2 * torch.rand(
+        obs.shape[0], dm.act_dim, generator=g, dtype=dm.dtype, device=dm.device) - 1)
     if write:
         (run / "transplant.json").write_text(json.dumps(out, indent=1))
     return out
