@@ -17,7 +17,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-ALGOS = {"sac": "SAC (stable-baselines3)", "sesac": "sample-enhanced SAC", "shac": "SHAC"}
+ALGOS = {"sac": "SAC (stable-baselines3)", "sesac": "sample-enhanced SAC", "shac": "SHAC",
+         "shac64": "SHAC, 64 environments"}
 
 
 def main(root: Path) -> None:
@@ -38,7 +39,7 @@ def main(root: Path) -> None:
             if f.exists():
                 t = json.loads(f.read_text())
                 tp.append(f"{t['policy_return']:.1f} ({t['diffmech_return']:.1f})")
-        label = ALGOS.get(name.split("_")[0], name) + ("" if "_" not in name else f" [{name}]")
+        label = ALGOS.get(name.split("_")[0], name) + (", 900 s" if name.endswith("_long") else ", 300 s")
         steps = ", ".join(str(m["env_steps"]) for m in ms)
         best = ", ".join(f"{m['max_return']:.1f}" for m in ms)
         final = ", ".join(f"{m['final_return']:.1f}" for m in ms)
