@@ -51,6 +51,8 @@ def main(root: Path) -> None:
             for ax, key in zip(axes, ("env_steps", "wall_s")):
                 ax.plot([float(r[key]) for r in rows], [float(r["eval_return"]) for r in rows], "-o", ms=3,
                         color=colours[name], label=label if i == 0 else None)
+    for ax in axes:  # zero action on the same evaluation starts: 100.2, 99.0, 99.2 (seeds 0-2; EXPERIMENTS.md)
+        ax.axhline(99.5, color="k", ls="--", lw=1, label="zero action (standing), mean" if ax is axes[0] else None)
     axes[0].set_xlabel("environment steps")
     axes[1].set_xlabel("training wall-clock (s, 2 shared cores)")
     axes[0].set_ylabel("evaluation return (2 episodes of 100 steps)")
