@@ -42,7 +42,11 @@ def test_quick_run_writes_results_and_markdown(bench, tmp_path):
         assert c["grad_steps_per_s"] > 0 and c["mujoco_steps_per_s"] > 0
         best = max(c["mujoco_steps_per_s"], c["mujoco_1_steps_per_s"])
         assert c["mujoco_over_grad"] == pytest.approx(best / c["grad_steps_per_s"])
+    ant = data["ant_cells"]
+    assert [c["batch"] for c in ant] == [1] and ant[0]["grad_steps_per_s"] > 0 and ant[0]["mujoco_steps_per_s"] > 0
+    assert data["ant_agreement"]["max_abs_dq_before_contact"] < 1e-12
     text = md.read_text()
+    assert "### The Ant" in text and "4096 Ants not measured" in text
     assert text.startswith("# Benchmarks\n\nintro\n") and bench.MARK_START in text and bench.MARK_END in text
     assert "| 2 | 64 |" in text
     bench.main(["--from-json", str(out), "--markdown", str(md)])

@@ -54,8 +54,11 @@ def test_bad_setting_is_an_error(tmp_path, capsys):
     rc = main(["rl", "train", "--env", "nlink-reach", "--algo", "shac", "--seed", "0", "--out", str(tmp_path / "x"),
                "--steps", "8", "--set", "no_such=1"])
     assert rc == 1 and "no_such" in capsys.readouterr().err
-    rc = main(["rl", "train", "--env", "ant", "--algo", "shac", "--seed", "0", "--out", str(tmp_path / "y")])
-    assert rc == 1 and "ant" in capsys.readouterr().err
+    rc = main(["rl", "train", "--env", "ant", "--algo", "shac", "--seed", "0", "--out", str(tmp_path / "y"),
+               "--env-set", "frame_skip=0"])
+    assert rc == 1 and "frame_skip" in capsys.readouterr().err
+    rc = main(["rl", "transplant", str(tmp_path / "no_such_run")])
+    assert rc == 1 and "no_such_run" in capsys.readouterr().err
 
 
 def test_wall_budget_stops_early(tmp_path):

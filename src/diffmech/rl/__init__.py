@@ -2,14 +2,16 @@
 
 :class:`~diffmech.rl.env.DiffEnv` is a batched environment whose observations and rewards are
 differentiable w.r.t. actions and states (through the simulator's one-step function);
-:class:`~diffmech.rl.env.NLinkReach` the n-link pendulum reaching task. With gymnasium installed,
-importing this package registers the gymnasium id ``diffmech/NLinkReach-v0``
+:class:`~diffmech.rl.env.NLinkReach` the n-link pendulum reaching task, :class:`~diffmech.rl.ant.Ant`
+the MuJoCo Ant's locomotion task on a contact scene. With gymnasium installed, importing this
+package registers the gymnasium ids ``diffmech/NLinkReach-v0`` and ``diffmech/Ant-v0``
 (:mod:`diffmech.rl.gym_env`).
 """
 
+from .ant import Ant
 from .env import DiffEnv, NLinkReach, StepResult
 
-__all__ = ["DiffEnv", "NLinkReach", "StepResult"]
+__all__ = ["Ant", "DiffEnv", "NLinkReach", "StepResult"]
 
 try:  # gymnasium is optional (the ``rl`` extra): register the ids where it is installed
     from .gym_env import register as _register

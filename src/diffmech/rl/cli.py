@@ -1,4 +1,4 @@
-"""``diffmech rl {train,eval}``: reinforcement learning from the command line.
+"""``diffmech rl {train,eval,transplant}``: reinforcement learning from the command line.
 
 Registered on the top-level parser by :func:`add_parser`; :func:`main` runs a parsed command.
 """
@@ -22,7 +22,7 @@ def _value(text: str):
 
 def add_parser(sub) -> None:
     """Add ``rl`` and its subcommands to the subparsers ``sub`` of the ``diffmech`` parser."""
-    rl = sub.add_parser("rl", help="reinforcement learning with simulation gradients (train, eval)",
+    rl = sub.add_parser("rl", help="reinforcement learning with simulation gradients (train, eval, transplant)",
                         description="Train a policy on a diffmech task (SHAC and policy- or sample-enhanced SAC "
                                     "through the differentiable simulator; stable-baselines3's SAC and PPO on the "
                                     "gymnasium adapter), or evaluate a trained run.")
@@ -59,6 +59,18 @@ def add_parser(sub) -> None:
     e.add_argument("--final", action="store_true",
                    help="the final policy instead of the one of the best evaluation during training")
     e.add_argument("--no-gif", action="store_true", help="skip the GIF")
+    m = rsub.add_parser("transplant", help="run a trained Ant policy in MuJoCo (no retraining)",
+                        description="Evaluates the policy of an '--env ant' run on the same Ant built with the mujoco "
+                                    "package (diffmech.rl.transplant), next to a uniformly random policy and the same "
+                                    "policy in diffmech, from the same start states; prints the returns and writes "
+                                    "DIR/transplant.json.")
+    m.add_argument("run", help="run folder DIR written by 'diffmech rl train --env ant'")
+    m.add_argument("--episodes", type=int, default=5, help="episodes of each policy (default: %(default)s)")
+    m.add_argument("--horizon", type=int, default=None, help="steps per episode (default: the run's task's)")
+    m.add_argument("--final", action="store_true", help="the final policy instead of the best evaluation's")
+    m.add_argument("--integrator", default="Euler", choices=("Euler", "implicitfast", "RK4"),
+                   help="MuJoCo's integrator (default: %(default)s, semi-implicit as diffmech's)")
+    m.add_argument("--seed", type=int, default=0, help="start states and random policy (default: %(default)s)")
 
 
 def _pairs(items: list[str], what: str) -> dict:
@@ -81,6 +93,11 @@ def main(args: argparse.Namespace) -> int:
                       device=args.device, threads=args.threads, max_wall=args.max_wall, evaluations=args.evaluations,
                       eval_episodes=args.eval_episodes, progress=False if args.no_progress else None,
                       overrides=_pairs(args.set, "--set"), env_kwargs=_pairs(args.env_set, "--env-set"))
+        elif args.rl_command == "transplant":
+            from .transplant import transplant
+
+            m = transplant(args.run, episodes=args.episodes, which="final" if args.final else "best",
+                           horizon=args.horizon, seed=args.seed, integrator=args.integrator)
         else:
             from .train import evaluate_run
 

@@ -73,7 +73,9 @@ class DiffEnv(abc.ABC):
         dt: simulation step, s.
         horizon: steps per episode (then truncated).
         max_torque: torque of action ``1``, N m, scalar or one per joint.
-        integrator: name or :class:`~diffmech.sim.Integrator`.
+        integrator: name or :class:`~diffmech.sim.Integrator`; ``None`` for a task that overrides
+            :meth:`simulate` (a contact scene).
+        act_dim: size of an action (default ``robot.nv``: a torque on every coordinate).
         compile: evaluate the forward dynamics with native kernels
             (:func:`diffmech.dynamics.compiled`); ``None``: on the CPU yes, elsewhere the eager code.
         seed: seed of the environment's random generator (resets).
@@ -81,7 +83,7 @@ class DiffEnv(abc.ABC):
 
     def __init__(self, robot: RobotModel, num_envs: int, *, dt: float, horizon: int,
                  max_torque: float | Sequence[float], integrator: str | Integrator = "semi_implicit_euler",
-                 compile: bool | None = None, seed: int | None = None):
+                 compile: bool | None = None, seed: int | None = None, act_dim: int | None = None):
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
             raise OptionError(f"{type(self).__name__}: num_envs must be a positive integer, got {num_envs!r}")
         if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
@@ -93,16 +95,18 @@ class DiffEnv(abc.ABC):
         self.dt = float(dt)
         self.horizon = horizon
         self.dtype, self.device = robot.dtype, robot.device
-        self.act_dim = robot.nv
+        self.act_dim = robot.nv if act_dim is None else int(act_dim)
         mt = torch.as_tensor(max_torque, dtype=self.dtype, device=self.device)
         if mt.dim() > 1 or (mt.dim() == 1 and mt.numel() != self.act_dim) or not bool((mt > 0).all()):
             raise OptionError(f"{type(self).__name__}: max_torque must be positive, a number or {self.act_dim} "
                               f"numbers, got {max_torque!r}")
         self.max_torque = mt.expand(self.act_dim).clone()
-        self.integrator = get_integrator(integrator)
-        self.integrator.check_robot(robot)
+        self.integrator = None
+        if integrator is not None:
+            self.integrator = get_integrator(integrator)
+            self.integrator.check_robot(robot)
         if compile is None:
-            compile = self.device.type == "cpu"
+            compile = self.device.type == "cpu" and integrator is not None
         self._accel = None
         if compile:
             from ..dynamics import compiled

@@ -5,7 +5,8 @@ take), :class:`GymVectorEnv` all ``num_envs`` of a batched environment at once (
 ``gymnasium.vector.VectorEnv`` with same-step autoreset: an environment that finishes returns its
 next episode's first observation, the last one is in ``info["final_obs"]`` where
 ``info["_final_obs"]`` is true). :func:`register` adds the ids ``diffmech/NLinkReach-v0``
-(keyword ``links=n`` and those of :class:`~diffmech.rl.env.NLinkReach`) to gymnasium's registry;
+(keyword ``links=n`` and those of :class:`~diffmech.rl.env.NLinkReach`) and ``diffmech/Ant-v0``
+(keywords of :class:`~diffmech.rl.ant.Ant`) to gymnasium's registry;
 importing :mod:`diffmech.rl` calls it when gymnasium is installed::
 
     import gymnasium as gym, diffmech.rl
@@ -24,11 +25,13 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from .ant import Ant
 from .env import DiffEnv, NLinkReach
 
-__all__ = ["GymEnv", "GymVectorEnv", "NLinkReachEnv", "NLinkReachVectorEnv", "register", "ENV_IDS"]
+__all__ = ["GymEnv", "GymVectorEnv", "NLinkReachEnv", "NLinkReachVectorEnv", "AntEnv", "AntVectorEnv", "register",
+           "ENV_IDS"]
 
-ENV_IDS = {"nlink-reach": "diffmech/NLinkReach-v0"}
+ENV_IDS = {"nlink-reach": "diffmech/NLinkReach-v0", "ant": "diffmech/Ant-v0"}
 
 
 def _spaces(env: DiffEnv) -> tuple[spaces.Box, spaces.Box]:
@@ -145,8 +148,27 @@ class NLinkReachVectorEnv(GymVectorEnv):
         super().__init__(NLinkReach(links, num_envs=num_envs, **kwargs))
 
 
+class AntEnv(GymEnv):
+    """``diffmech/Ant-v0``: :class:`~diffmech.rl.ant.Ant` as a ``gymnasium.Env`` (27 observations,
+    8 actions in ``[-1, 1]``, 1000 steps of 0.05 s per episode by default)."""
+
+    def __init__(self, render_mode: str | None = None, **kwargs):
+        super().__init__(Ant(num_envs=1, **kwargs), render_mode=render_mode)
+
+
+class AntVectorEnv(GymVectorEnv):
+    """``diffmech/Ant-v0`` made by ``gymnasium.make_vec(..., vectorization_mode="vector_entry_point")``."""
+
+    def __init__(self, num_envs: int = 1, **kwargs):
+        super().__init__(Ant(num_envs=num_envs, **kwargs))
+
+
 def register() -> None:
     """Add the diffmech ids to gymnasium's registry (idempotent)."""
     if ENV_IDS["nlink-reach"] not in gymnasium.registry:
         gymnasium.register(ENV_IDS["nlink-reach"], entry_point=f"{__name__}:NLinkReachEnv",
                            vector_entry_point=f"{__name__}:NLinkReachVectorEnv")
+    if ENV_IDS["ant"] not in gymnasium.registry:
+        # the episode's limit is the task's own horizon (the env truncates), not a TimeLimit wrapper
+        gymnasium.register(ENV_IDS["ant"], entry_point=f"{__name__}:AntEnv",
+                           vector_entry_point=f"{__name__}:AntVectorEnv")

@@ -61,7 +61,9 @@ def make_env(name: str, num_envs: int = 1, *, links: int = 2, seed: int = 0, dev
     if name == "nlink-reach":
         return NLinkReach(links, num_envs=num_envs, seed=seed, device=device, **kwargs)
     if name == "ant":
-        raise OptionError("the 'ant' task (contact scene with a floating torso) is not built yet; use 'nlink-reach'")
+        from .ant import Ant
+
+        return Ant(num_envs, seed=seed, device=device, **kwargs)
     raise OptionError(f"unknown task {name!r}; choose one of {ENVS}")
 
 
@@ -123,15 +125,16 @@ def _sb3_model(algo: str, env_name: str, links: int, seed: int, overrides: dict,
     import stable_baselines3 as sb3
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    from .gym_env import NLinkReachEnv
+    from .gym_env import AntEnv, NLinkReachEnv
 
-    if env_name != "nlink-reach":
-        make_env(env_name)  # raises for tasks not built
+    if env_name not in ENVS:
+        make_env(env_name)  # raises for unknown tasks
     n_envs = int(overrides.pop("n_envs", 8 if algo == "ppo" else 1))
 
     def one(i):
         def f():
-            e = NLinkReachEnv(links=links, seed=seed + i, **env_kwargs)
+            e = (NLinkReachEnv(links=links, seed=seed + i, **env_kwargs) if env_name == "nlink-reach"
+                 else AntEnv(seed=seed + i, **env_kwargs))
             e.reset(seed=seed + i)
             return e
         return f

@@ -181,13 +181,14 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
         f = ts[n] - m.bias_forces(qs[n], vs[n])
         if n in scene.drives:
             # Linearly implicit spring-damper: kp (q_ref - q1) - kd v1 with q1 = q + dt v1, so
-            # (M + dt kd + dt^2 kp) a = f + kp (q_ref - q) - (kd + dt kp) v on the joint rows.
-            kp, kd, ref = scene.drives[n]
+            # (M + dt kd + dt^2 kp) a = f + kp (q_ref - q) - (kd + dt kp) v on the joint rows; the
+            # motors' armature adds to the same diagonal.
+            kp, kd, ref, arm = scene.drives[n]
             nj = kp.shape[0]
             qj, vj = qs[n][..., m.nq - nj:], vs[n][..., m.nv - nj:]
             fj = kp * (ref - qj) - (kd + dt * kp) * vj
             f = torch.cat([f[..., :m.nv - nj], f[..., m.nv - nj:] + fj], -1)
-            extra = torch.nn.functional.pad(dt * kd + dt * dt * kp, (m.nv - nj, 0))
+            extra = torch.nn.functional.pad(arm + dt * kd + dt * dt * kp, (m.nv - nj, 0))
             M = M + torch.diag_embed(extra)
         L, bad = torch.linalg.cholesky_ex(M)
         if bool(bad.any()):

@@ -77,6 +77,9 @@ class Scene(nn.Module):
             numbers or ``(nj,)`` tensors, ``q_ref`` an ``(nj,)`` tensor (default: the neutral
             configuration); tensors that require grad receive gradients through a rollout. Both
             terms are integrated implicitly in the velocity (stable for any gains at any ``dt``).
+            An optional ``"armature"`` (kg m^2 or kg, number or ``(nj,)`` tensor, default 0) adds
+            the reflected inertia of each joint's motor to the diagonal of the mass matrix (what
+            MJCF calls ``armature``), which also slows the joints under a given torque.
         sizes: dimensions of collision shapes that the contacts should be differentiable w.r.t.:
             ``{(model name, link name): tensor}`` for a link's first shape, or ``{(model, link,
             index): tensor}``; the tensor holds the shape's dimensions in its
@@ -156,7 +159,7 @@ class Scene(nn.Module):
         self.solver, self.smoothing, self.friction_smoothing = solver, float(smoothing), float(friction_smoothing)
         self.shapes = {n: collision_shapes(m) for n, m in items}
         self.link_coefficients = {n: contact_coefficients(m) for n, m in items}
-        self.drives: dict[str, tuple[Tensor, Tensor, Tensor]] = {}
+        self.drives: dict[str, tuple[Tensor, Tensor, Tensor, Tensor]] = {}
         for n, spec in (drives or {}).items():
             self.drives[n] = self._drive(n, spec)
         self.shape_sizes: dict[tuple[str, str, int], Tensor] = {}
@@ -191,12 +194,13 @@ class Scene(nn.Module):
             raise ShapeError(f"Scene: {which} must have {n} entries in its last dimension, got shape {tuple(x.shape)}")
         return {k: x[..., s] for k, s in sl.items()}
 
-    def _drive(self, name: str, spec) -> tuple[Tensor, Tensor, Tensor]:
+    def _drive(self, name: str, spec) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         where = f"Scene drives[{name!r}]"
         if name not in self.names:
             raise ModelError(f"{where}: no model of that name (models: {self.names})")
-        if not isinstance(spec, Mapping) or set(spec) - {"stiffness", "damping", "target"}:
-            raise ModelError(f"{where}: expected a dict with keys stiffness, damping, target; got {spec!r}")
+        if not isinstance(spec, Mapping) or set(spec) - {"stiffness", "damping", "target", "armature"}:
+            raise ModelError(f"{where}: expected a dict with keys stiffness, damping, target, armature; "
+                             f"got {spec!r}")
         m = self.models[name]
         off_q, off_v = (7, 6) if m.floating_base else (0, 0)
         nj = m.nv - off_v
@@ -206,7 +210,7 @@ class Scene(nn.Module):
         opts = dict(dtype=m.dtype, device=m.device)
         out = []
         for key, default in (("stiffness", 0.0), ("damping", 0.0),
-                             ("target", m.neutral_configuration()[off_q:])):
+                             ("target", m.neutral_configuration()[off_q:]), ("armature", 0.0)):
             val = spec.get(key, default)
             t = val if isinstance(val, Tensor) else torch.as_tensor(val, **opts)
             if t.dim() == 0:

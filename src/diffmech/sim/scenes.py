@@ -18,7 +18,7 @@ from ..model.spec import JointSpec, LinkSpec, RobotSpec
 from ..robot import RobotModel
 from .scene import Scene
 
-__all__ = ["racecar", "golf", "laikago", "panda_throw", "panda_throw_torques"]
+__all__ = ["racecar", "golf", "laikago", "panda_throw", "panda_throw_torques", "ant", "ANT_START_ANKLE"]
 
 
 def _box_inertia(m, lx, ly, lz):
@@ -279,3 +279,36 @@ def panda_throw_torques(arm_torques, release_step: int, *, open_force: float = 4
     fingers[..., int(release_step):, :] = open_force
     rest = torch.zeros(*arm_torques.shape[:-1], nv - 9, dtype=arm_torques.dtype, device=arm_torques.device)
     return torch.cat([arm_torques, fingers, rest], -1)
+
+
+# ---------------------------------------------------------------------------------- ant
+ANT_START_ANKLE = math.radians(40.0)  # rad: the ankles' start angle, inside their 30..70 deg limits
+
+
+def ant(geometry=None, *, friction: float = 1.0, height: float = 0.75, dtype=torch.float64, device=None):
+    """The Ant (:mod:`diffmech.model.ant`) above the ground, ready to fall onto its feet.
+
+    The robot is :func:`diffmech.model.ant.ant_robot` of ``geometry`` (default: the MuJoCo Ant's
+    dimensions): a 0.25 m sphere torso and four legs of two capsules each, 0.91 kg in all. Contacts:
+    every shape against the ground (Coulomb ``friction``, the MuJoCo Ant's 1.0), no contact between
+    the robot's own shapes (as in MuJoCo's Ant). The joints' damping (1 N m s/rad) and motor
+    armature (1 kg m^2) are drives of the scene (:class:`~diffmech.sim.Scene`'s ``drives``, no
+    stiffness); the joint limits are enforced as unilateral constraints.
+
+    Returns:
+        ``(scene, q0, v0)``: the scene's one model ``"ant"``; the torso at ``height`` m (the MuJoCo
+        Ant's 0.75), level, the hips at 0 and the ankles at :data:`ANT_START_ANKLE` (40 deg: MuJoCo
+        starts them at 0, outside their 30..70 deg range, which its soft limits tolerate and hard
+        limits would not), at rest. Under zero torque it drops about 0.3 m onto its feet and settles
+        with the ankles on their lower limits, the torso about 0.36 m high.
+    """
+    from ..model.ant import AntGeometry, ant_robot
+
+    geo = geometry or AntGeometry()
+    robot = ant_robot(geo, dtype=dtype, device=device)
+    scene = Scene({"ant": robot}, friction=friction,
+                  drives={"ant": {"damping": geo.damping, "armature": geo.armature}})
+    q0 = scene.neutral_configuration().clone()
+    q0[2] = height
+    q0[8::2] = ANT_START_ANKLE
+    return scene, q0, torch.zeros(scene.nv, dtype=dtype, device=device)

@@ -1,0 +1,230 @@
+"""diffmech.rl.Ant: standing on the plane, the reward's definition, gradients vs finite differences,
+termination and auto-reset, gymnasium's checker, bad input."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.spatial.transform import Rotation
+
+from diffmech.errors import DiffmechError, ModelError, OptionError, ShapeError
+from diffmech.model.ant import AntGeometry, ant_link_inertials, ant_robot, capsule_inertia
+from diffmech.rl import Ant
+from diffmech.sim import Scene, scenes
+
+F64 = torch.float64
+
+
+@pytest.fixture(scope="module")
+def standing():
+    """The Ant settled on the ground under zero action (1 s = 20 steps), and the env."""
+    env = Ant(1, reset_noise=0.0, seed=0)
+    env.reset()
+    zs = []
+    with torch.no_grad():
+        for _ in range(20):
+            res = env.step(torch.zeros(1, 8, dtype=F64))
+            assert not bool(res.terminated.any())
+            zs.append(float(res.final_q[0, 2]))
+    return env, zs
+
+
+def test_ant_settles_on_the_plane_without_sinking(standing):
+    env, zs = standing
+    geo = env.geometry
+    # resting on the shins' foot spheres with the ankles at their start angle (friction holds the feet):
+    # the torso's centre stands shin sin(angle) + leg radius above the ground
+    rest = geo.shin_length * math.sin(scenes.ANT_START_ANKLE) + geo.leg_radius
+    lo, hi = env.healthy_z_range
+    assert all(lo < z < hi for z in zs)
+    assert zs[-1] == pytest.approx(rest, abs=2e-3)  # not sunk by more than the solver's slop
+    assert max(zs[10:]) - min(zs[10:]) < 1e-5  # no jitter once settled (0.5 s to 1 s)
+    assert float(env.v.abs().max()) < 1e-4
+    q, v = env.q, env.v
+    info: dict = {}
+    from diffmech.sim import contact_step
+
+    contact_step(env.scene, q, v, torch.zeros(1, 14, dtype=F64), env.sim_dt, info)
+    assert info["penetration"] < 1e-3 and info["candidates"] >= 4  # the four feet
+
+
+def test_model_masses_from_the_shapes():
+    geo = AntGeometry()
+    robot = ant_robot(geo)
+    total = sum(float(robot.link_params(n).inertial()[0]) for n in robot.link_names)
+    rho, r = geo.density, geo.leg_radius
+
+    def cap(length):  # cylinder plus sphere volume
+        return rho * (math.pi * r**2 * length + 4 / 3 * math.pi * r**3)
+
+    expected = rho * 4 / 3 * math.pi * geo.torso_radius**3 + 4 * (cap(geo.hip_offset) + cap(geo.thigh_length)
+                                                                  + cap(geo.shin_length))
+    assert total == pytest.approx(expected, rel=1e-12)
+    # a capsule's inertia against a fine numerical integration of its solid
+    m, ip, ia = capsule_inertia(0.08, 0.5, 5.0)
+    n = 120
+    xs = (np.arange(n) + 0.5) / n * 2 - 1
+    X, Y, Z = np.meshgrid(xs * 0.08, xs * 0.08, xs * (0.25 + 0.08), indexing="ij")
+    dz = np.clip(np.abs(Z) - 0.25, 0, None)
+    inside = X**2 + Y**2 + dz**2 <= 0.08**2
+    dv = (2 * 0.08 / n) ** 2 * (2 * 0.33 / n) * 5.0
+    assert m == pytest.approx(inside.sum() * dv, rel=2e-3)
+    assert ia == pytest.approx(((X**2 + Y**2) * inside).sum() * dv, rel=5e-3)
+    assert ip == pytest.approx(((Y**2 + Z**2) * inside).sum() * dv, rel=5e-3)
+    torso = ant_link_inertials(geo)["torso"]
+    assert np.allclose(torso[1], 0.0) and np.allclose(torso[2], np.diag(np.diag(torso[2])))
+
+
+def test_reward_and_observation_match_their_definitions():
+    env = Ant(3, seed=3, frame_skip=2)
+    env.reset()
+    g = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        q = env.q.clone()
+        a = 1.2 * (2 * torch.rand(3, 8, generator=g, dtype=F64) - 1)  # some beyond the limits: clamped torque
+        res = env.step(a)
+        q1, v1 = res.final_q, res.final_v
+        z = q1[:, 2]
+        healthy = ((z > 0.2) & (z < 1.0)).to(F64)
+        expected = (q1[:, 0] - q[:, 0]) / 0.02 + healthy - 0.5 * (a**2).sum(-1)
+        torch.testing.assert_close(res.reward, expected, rtol=0, atol=1e-12)
+        torch.testing.assert_close(res.terminated, healthy == 0)
+        # MuJoCo's layout: z, quaternion (w, x, y, z), joints, world linear velocity, body angular velocity, rates
+        R = Rotation.from_quat(q1[:, 3:7].numpy())  # scipy: (x, y, z, w)
+        obs = res.final_obs.numpy()
+        np.testing.assert_allclose(obs[:, 0], q1[:, 2].numpy())
+        np.testing.assert_allclose(obs[:, 1:5], np.roll(q1[:, 3:7].numpy(), 1, axis=1))
+        np.testing.assert_allclose(obs[:, 5:13], q1[:, 7:].numpy())
+        np.testing.assert_allclose(obs[:, 13:16], R.apply(v1[:, :3].numpy()), atol=1e-12)
+        np.testing.assert_allclose(obs[:, 16:19], v1[:, 3:6].numpy())
+        np.testing.assert_allclose(obs[:, 19:27], v1[:, 6:].numpy())
+    assert env.obs_dim == 27 and env.act_dim == 8 and env.dt == pytest.approx(0.02)  # 2 substeps of 0.01 s
+
+
+def test_return_gradient_matches_central_differences(standing):
+    # a contact-steady configuration: the settled Ant, small torques that keep the feet sticking
+    env0, _ = standing
+    env = Ant(1, reset_noise=0.0, frame_skip=1, iterations=500)
+    q0, v0 = env0.q.clone(), env0.v.clone()
+    t0 = torch.zeros(1, dtype=torch.long)
+    A = 0.02 * (2 * torch.rand(2, 1, 8, generator=torch.Generator().manual_seed(1), dtype=F64) - 1)
+
+    def ret(A):
+        q, v, total = q0, v0, 0.0
+        for k in range(A.shape[0]):
+            q, v, _, r, _ = env.transition(q, v, t0, A[k])
+            total = total + r.sum()
+        return total
+
+    a = A.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(ret(a), a)
+    fd = torch.zeros_like(A)
+    eps = 1e-6
+    with torch.no_grad():
+        for i in range(A.numel()):
+            e = torch.zeros(A.numel(), dtype=F64)
+            e[i] = eps
+            e = e.view_as(A)
+            fd.view(-1)[i] = (ret(A + e) - ret(A - e)) / (2 * eps)
+    assert float(grad.abs().max()) > 0.1  # the forward reward does depend on the torques
+    torch.testing.assert_close(grad, fd, rtol=1e-4, atol=1e-4)
+
+
+def test_termination_and_autoreset_keep_the_other_gradients():
+    env = Ant(2, seed=0, frame_skip=1)
+    env.reset()
+    q, v = env.q.clone(), env.v.clone()
+    q[0, 2] = 1.3  # env 0 above the healthy range: its first step ends the episode
+    env.set_state(q, v)
+    a = torch.zeros(2, 2, 8, dtype=F64, requires_grad=True)
+    res = env.step(a[0])
+    assert res.terminated.tolist() == [True, False] and not bool(res.truncated.any())
+    x1 = float(res.final_q[0, 0].detach())
+    assert float(res.reward[0].detach()) == pytest.approx((x1 - float(q[0, 0])) / 0.01, abs=1e-9)
+    assert int(env.t[0]) == 0 and int(env.t[1]) == 1
+    # the restarted env sits at a fresh start state (near the scene's, within the reset noise)
+    assert abs(float(env.q[0, 2]) - 0.75) <= 0.1 + 1e-12
+    torch.testing.assert_close(res.obs[0], env.observe(env.q, env.v, env.t)[0])
+    res2 = env.step(a[1])
+    ga0, = torch.autograd.grad(res2.reward[0], a, retain_graph=True)
+    ga1, = torch.autograd.grad(res2.reward[1], a)
+    assert float(ga0[0].abs().max()) == 0.0 and float(ga0[1, 0].abs().max()) > 0  # restarted: no past
+    assert float(ga1[0, 1].abs().max()) > 0 and float(ga1[1, 1].abs().max()) > 0  # the other: its past
+    assert float(ga1[:, 0].abs().max()) == 0.0  # environments never mix
+
+
+def test_truncation_at_the_horizon():
+    env = Ant(1, seed=0, horizon=3, frame_skip=1)
+    env.reset()
+    flags = [bool(env.step(torch.zeros(1, 8, dtype=F64)).truncated[0]) for _ in range(3)]
+    assert flags == [False, False, True] and int(env.t[0]) == 0
+
+
+def test_bad_input_raises():
+    with pytest.raises(OptionError, match="frame_skip"):
+        Ant(frame_skip=0)
+    with pytest.raises(OptionError, match="healthy_z_range"):
+        Ant(healthy_z_range=(1.0, 0.2))
+    with pytest.raises(OptionError, match="num_envs"):
+        Ant(0)
+    with pytest.raises(ModelError, match="leg_radius"):
+        AntGeometry(leg_radius=-0.1)
+    with pytest.raises(ModelError, match="ankle_range"):
+        AntGeometry(ankle_range=(1.0, 0.5))
+    env = Ant(2)
+    env.reset()
+    with pytest.raises(ShapeError, match=r"\(2, 8\)"):
+        env.step(torch.zeros(2, 14, dtype=F64))
+    robot = ant_robot()
+    with pytest.raises(ModelError, match="armature"):
+        Scene({"ant": robot}, drives={"ant": {"armature": -1.0}})
+    from diffmech.rl.train import make_env
+
+    with pytest.raises(DiffmechError):
+        make_env("ant", 1, frame_skip=-1)
+    assert isinstance(make_env("ant", 2), Ant)
+
+
+def test_armature_slows_a_joint():
+    # the armature adds to the joint's diagonal: a hip under a torque, the Ant held in the air by nothing
+    # (no ground), accelerates by about tau / (I + armature) at first
+    robot = ant_robot()
+    dt = 1e-3
+    out = []
+    for arm in (0.0, 1.0):
+        scene = Scene({"ant": robot}, ground=False, limits=False, drives={"ant": {"armature": arm}})
+        q = scene.neutral_configuration()[None].clone()
+        v = torch.zeros(1, 14, dtype=F64)
+        tau = torch.zeros(1, 14, dtype=F64)
+        tau[0, 6] = 1.0
+        from diffmech.sim import contact_step
+
+        _, v1 = contact_step(scene, q, v, tau, dt)
+        out.append(float(v1[0, 6]) / dt)
+    M = robot.mass_matrix(scene.neutral_configuration())
+    Minv = torch.linalg.inv(M)
+    assert out[0] == pytest.approx(float(Minv[6, 6]), rel=1e-9)
+    Ma = M.clone()
+    Ma[6:, 6:] += torch.eye(8, dtype=F64)
+    assert out[1] == pytest.approx(float(torch.linalg.inv(Ma)[6, 6]), rel=1e-9)
+
+
+def test_gymnasium_env_checker_passes():
+    gymnasium = pytest.importorskip("gymnasium")
+    from gymnasium.utils.env_checker import check_env
+
+    import diffmech.rl  # noqa: F401  (registers the ids)
+
+    env = gymnasium.make("diffmech/Ant-v0", frame_skip=1, render_mode="rgb_array")
+    check_env(env.unwrapped)
+    assert env.observation_space.shape == (27,) and env.action_space.shape == (8,)
+    img = env.unwrapped.render()
+    assert img.ndim == 3 and img.dtype == np.uint8
+    venv = gymnasium.make_vec("diffmech/Ant-v0", num_envs=2, vectorization_mode="vector_entry_point", horizon=2,
+                              frame_skip=1)
+    obs, _ = venv.reset(seed=0)
+    assert obs.shape == (2, 27)
+    for _ in range(2):
+        obs, r, term, trunc, info = venv.step(np.zeros((2, 8), np.float32))
+    assert trunc.all() and r.shape == (2,)
