@@ -61,6 +61,12 @@ class EigenmodeConfig:
     hidden: int = 256
     depth: int = 2  # code: 2; paper Table 2: 1
     fourier: bool = True  # code: (sin q, cos q) input; paper Table 2: raw angles
+    # initial potential (not in the paper): "default" = PyTorch's initialisation; "linear-mode" = the
+    # output layer fitted so that the closed loop cancels the plant potential and oscillates in a
+    # quadratic well whose straight-line mode joins q0 and the target configuration in T/2
+    # (diffmech.control.warmstart; the target configuration is target_angles, else found by IK)
+    init: str = "default"
+    init_margin: float = 0.5  # rad around the segment q0 -> target configuration for the fit's samples
     # optimiser
     lr: float = 1e-3
     gamma: float = 0.999  # ExponentialLR, stepped per epoch
@@ -155,8 +161,11 @@ CONFIGS.update({
     "three-link-fast": CONFIGS["three-link"].replace(name="three-link-fast", **_FAST,
                                                      notes="the 3-link elastic arm with main-fast's schedule (Adam, "
                                                            "then the Gauss-Newton polish)"),
-    "iiwa-fast": CONFIGS["iiwa"].replace(name="iiwa-fast", **_FAST,
-                                         notes="iiwa joints 2 and 4, task-space target, with main-fast's schedule"),
+    "iiwa-fast": CONFIGS["iiwa"].replace(name="iiwa-fast", **_FAST, init="linear-mode",
+                                         notes="iiwa joints 2 and 4, task-space target, with main-fast's schedule "
+                                               "from the linear-mode initial potential (gravity cancelled, a "
+                                               "quadratic well with the straight-line mode q0 -> target "
+                                               "configuration of period T)"),
     "tiny": _MAIN.replace(name="tiny", hidden=16, epochs=6, steps_per_epoch=1, grid_points=40, samples=5,
                           notes="seconds-long smoke run for tests"),
 })

@@ -143,6 +143,28 @@ class EigenmodeTrainer:
         self.stopped_early = False
         self.polished = False
         self.polish_info: dict = {}
+        self.init_info: dict = {}
+        if cfg.init == "linear-mode":
+            self.init_info = self._linear_mode_init()
+        elif cfg.init != "default":
+            raise DiffmechError(f"config {cfg.name!r}: init must be 'default' or 'linear-mode', got {cfg.init!r}")
+
+    def _linear_mode_init(self) -> dict:
+        from .warmstart import fit_linear_mode, target_configuration
+
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        if cfg.target_position is None and cfg.target_angles is not None:
+            q_t = torch.tensor(cfg.target_angles, dtype=self.dtype, device=self.system.device)
+        else:
+            q_t = target_configuration(self.system, self.target, self.q0)
+        gen = torch.Generator().manual_seed(cfg.seed + 2)
+        info = fit_linear_mode(self.system, self.q0, q_t, float(self.period.detach()), margin=cfg.init_margin,
+                               generator=gen)
+        info["seconds"] = time.perf_counter() - t0
+        # the fit's seconds count as training time
+        self.train_seconds += info["seconds"]
+        return info
 
     # ------------------------------------------------------------------ one step
     def flow(self, *, grad: bool = True) -> Flow:
@@ -167,6 +189,10 @@ class EigenmodeTrainer:
         L = self.loss(epoch)
         if not bool(torch.isfinite(L.total)):
             raise DiffmechError(f"eigenmode training ({self.cfg.name}): non-finite loss at epoch {epoch}")
+        if self.cfg.polish and float(L.ee_error.detach()) < self.cfg.polish_from:
+            # the polish takes over from these parameters: an Adam step now could only move them
+            # away from the point whose error was just measured
+            return L
         L.total.backward()
         self.optimizer.step()
         if self.cfg.learn_period:
@@ -212,7 +238,8 @@ class EigenmodeTrainer:
                     if stop:
                         self.stopped_early = True
                         break
-                self.scheduler.step()
+                if not reached_polish:  # no Adam step was taken at the hand-over
+                    self.scheduler.step()
                 self.epoch += 1
                 if self.out and time.perf_counter() - last_ckpt > checkpoint_every:
                     self.save()
@@ -331,7 +358,8 @@ class EigenmodeTrainer:
                 "period": float(self.period.detach()), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "epoch": self.epoch, "history": self.history,
                 "train_seconds": self.train_seconds, "generator": self.generator.get_state(),
-                "stopped_early": self.stopped_early, "polished": self.polished, "polish_info": self.polish_info}
+                "stopped_early": self.stopped_early, "polished": self.polished, "polish_info": self.polish_info,
+                "init_info": self.init_info}
 
     def load_state_dict(self, state: dict) -> None:
         self.system.potential.load_state_dict(state["potential"])
@@ -346,6 +374,7 @@ class EigenmodeTrainer:
         self.stopped_early = bool(state.get("stopped_early", False))
         self.polished = bool(state.get("polished", False))
         self.polish_info = dict(state.get("polish_info", {}))
+        self.init_info = dict(state.get("init_info", {}))
         self.cache.clear()
 
     def save(self) -> None:

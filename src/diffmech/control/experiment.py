@@ -104,6 +104,7 @@ def finish_learn(trainer: EigenmodeTrainer, out: str, *, plots: bool = True, sta
         "steps": len(trainer.history),
         "adam_steps": sum(r.get("phase", "adam") == "adam" for r in trainer.history),
         "polish": trainer.polish_info,
+        "init": trainer.init_info,
         "epochs": trainer.epoch,
         "stopped_early": trainer.stopped_early,
         "s_per_step": trainer.train_seconds / max(len(trainer.history), 1),
