@@ -13,7 +13,7 @@ __all__ = ["add_eigenmode_parser", "run_eigenmode"]
 
 _CONFIG_NAMES = ("main", "example", "effort-sweep", "periods", "other-pair", "learn-period", "learn-period-c",
                  "three-link", "iiwa", "tiny", "main-fast",
-                 "main-fast-effort", "three-link-fast", "iiwa-fast")
+                 "main-fast-effort", "three-link-fast", "iiwa-fast", "iiwa-fast-effort")
 
 
 def add_eigenmode_parser(sub) -> argparse.ArgumentParser:

@@ -180,6 +180,9 @@ CONFIGS.update({
     "tiny": _MAIN.replace(name="tiny", hidden=16, epochs=6, steps_per_epoch=1, grid_points=40, samples=5,
                           notes="seconds-long smoke run for tests"),
 })
+CONFIGS["iiwa-fast-effort"] = CONFIGS["iiwa-fast"].replace(
+    name="iiwa-fast-effort", effort_descent=True, effort_descent_iter=30,
+    notes="iiwa-fast followed by the effort descent in the null space of the mode's conditions")
 
 
 def get_config(name: str, **overrides) -> EigenmodeConfig:
