@@ -348,9 +348,12 @@ class EigenmodeTrainer:
                 _set_params(params, theta0, step)
                 try:
                     r_new, flow_new = self.mode_residual(grid, cfg.polish_method, cache)
-                    ok = bool(torch.isfinite(r_new).all()) and float(r_new.detach().norm()) < float(rd.norm())
+                    finite = bool(torch.isfinite(r_new).all())
+                    ok = finite and float(r_new.detach().norm()) < float(rd.norm())
                 except (DiffmechError, RuntimeError):
-                    ok = False
+                    finite = ok = False
+                if not finite:
+                    cache.clear()  # the warm start is the failed trajectory: start the next solve afresh
                 if ok:
                     r, flow = r_new, flow_new
                     mu = max(mu / 10, 1e-12)
@@ -425,9 +428,13 @@ class EigenmodeTrainer:
                     try:
                         r_new, flow_new, E_new = evaluate()
                     except (DiffmechError, RuntimeError):
+                        cache.clear()  # the warm start is the failed trajectory: start the next solve afresh
                         break
                     e_new, p_new = float(r_new[:3].detach().norm()), float(r_new[3:].detach().norm())
-                    if not (bool(torch.isfinite(r_new).all()) and float(E_new.detach()) < E0):
+                    if not bool(torch.isfinite(r_new).all()):
+                        cache.clear()
+                        break
+                    if float(E_new.detach()) >= E0:
                         break
                     if e_new < tol_e and p_new < tol_p:
                         ok = True
@@ -442,6 +449,7 @@ class EigenmodeTrainer:
                 alpha /= 4
             if not accepted:
                 _set_params(params, theta0, torch.zeros(sum(p.numel() for p in params), dtype=torch.float64))
+                cache.clear()
                 r, flow, E = evaluate()
                 break
             accepted_steps += 1
