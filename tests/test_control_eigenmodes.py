@@ -106,7 +106,7 @@ def test_cli_stabilize_and_figures(tmp_path):
 
 def test_all_configs_build():
     for name in CONFIGS:
-        if name == "iiwa":
+        if name.startswith("iiwa"):
             pytest.importorskip("diff_robot_data")
         cfg = get_config(name)
         tr = EigenmodeTrainer(cfg.replace(hidden=4, native=False))  # no kernel builds here

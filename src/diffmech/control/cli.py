@@ -13,7 +13,7 @@ __all__ = ["add_eigenmode_parser", "run_eigenmode"]
 
 _CONFIG_NAMES = ("main", "example", "effort-sweep", "periods", "other-pair", "learn-period", "learn-period-c",
                  "three-link", "iiwa", "tiny", "main-fast",
-                 "three-link-fast", "iiwa-fast")
+                 "main-fast-effort", "three-link-fast", "iiwa-fast", "iiwa-fast-effort")
 
 
 def add_eigenmode_parser(sub) -> argparse.ArgumentParser:
@@ -47,6 +47,9 @@ def add_eigenmode_parser(sub) -> argparse.ArgumentParser:
     learn.add_argument("--adjoint", choices=("discrete", "autograd"), help="gradient through the solver")
     learn.add_argument("--dtype", choices=("float32", "float64"), help="training dtype")
     learn.add_argument("--seed", type=int, help="random seed")
+    learn.add_argument("--effort-descent", action="store_true",
+                       help="after the Gauss-Newton polish, lower the effort within the mode's conditions "
+                            "(configs with the polish only)")
     learn.add_argument("--stop-ee", type=float, metavar="M",
                        help="stop once the fixed-step end-effector error at T/2 is below M metres")
     learn.add_argument("--out", required=True, metavar="DIR", help="output folder")

@@ -61,6 +61,12 @@ class EigenmodeConfig:
     hidden: int = 256
     depth: int = 2  # code: 2; paper Table 2: 1
     fourier: bool = True  # code: (sin q, cos q) input; paper Table 2: raw angles
+    # initial potential (not in the paper): "default" = PyTorch's initialisation; "linear-mode" = the
+    # output layer fitted so that the closed loop cancels the plant potential and oscillates in a
+    # quadratic well whose straight-line mode joins q0 and the target configuration in T/2
+    # (diffmech.control.warmstart; the target configuration is target_angles, else found by IK)
+    init: str = "default"
+    init_margin: float = 0.5  # rad around the segment q0 -> target configuration for the fit's samples
     # optimiser
     lr: float = 1e-3
     gamma: float = 0.999  # ExponentialLR, stepped per epoch
@@ -90,6 +96,14 @@ class EigenmodeConfig:
     polish_grid_points: int = 200
     polish_tol: tuple[float, float] = (1e-3, 1e-3)
     polish_max_iter: int = 30
+    # effort descent after the polish (not in the paper): once the conditions hold, steps that lower
+    # the effort T int ||grad V||^2 ds (on the polish trajectory) within the null space of the
+    # conditions' Jacobian, each combined with the Gauss-Newton correction of the residual, so the
+    # conditions stay within polish_tol (EigenmodeTrainer.descend_effort)
+    effort_descent: bool = False
+    effort_descent_iter: int = 15
+    effort_descent_fraction: float = 0.1  # the first step's predicted relative effort decrease
+    effort_descent_corrections: int = 2  # second-order corrections per trial (Gauss-Newton, same Jacobian)
     # stabilisation defaults
     gains: tuple[float, float] = (1.0, 10.0)  # alpha_E, alpha_M
     damping: float = 0.0
@@ -150,16 +164,25 @@ CONFIGS: dict[str, EigenmodeConfig] = {
                           target_angles=None, target_position=(0.6, 0.0, 0.95), period=1.5, epochs=300,
                           notes="beyond the paper: iiwa joints 2 and 4 (others locked at 0), task-space target"),
 }
+CONFIGS["main-fast-effort"] = CONFIGS["main-fast"].replace(
+    name="main-fast-effort", effort_descent=True, effort_descent_iter=30,
+    notes="main-fast followed by the effort descent in the null space of the mode's conditions")
 _FAST = dict(lr=1e-2, gamma=0.998, epochs=1500, steps_per_epoch=1, polish=True, polish_from=0.1, polish_grid_points=400)
 CONFIGS.update({
     "three-link-fast": CONFIGS["three-link"].replace(name="three-link-fast", **_FAST,
                                                      notes="the 3-link elastic arm with main-fast's schedule (Adam, "
                                                            "then the Gauss-Newton polish)"),
-    "iiwa-fast": CONFIGS["iiwa"].replace(name="iiwa-fast", **_FAST,
-                                         notes="iiwa joints 2 and 4, task-space target, with main-fast's schedule"),
+    "iiwa-fast": CONFIGS["iiwa"].replace(name="iiwa-fast", **_FAST, init="linear-mode",
+                                         notes="iiwa joints 2 and 4, task-space target, with main-fast's schedule "
+                                               "from the linear-mode initial potential (gravity cancelled, a "
+                                               "quadratic well with the straight-line mode q0 -> target "
+                                               "configuration of period T)"),
     "tiny": _MAIN.replace(name="tiny", hidden=16, epochs=6, steps_per_epoch=1, grid_points=40, samples=5,
                           notes="seconds-long smoke run for tests"),
 })
+CONFIGS["iiwa-fast-effort"] = CONFIGS["iiwa-fast"].replace(
+    name="iiwa-fast-effort", effort_descent=True, effort_descent_iter=30,
+    notes="iiwa-fast followed by the effort descent in the null space of the mode's conditions")
 
 
 def get_config(name: str, **overrides) -> EigenmodeConfig:

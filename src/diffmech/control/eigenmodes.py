@@ -35,7 +35,8 @@ from .configs import EigenmodeConfig, build_system
 from .flow import Flow, FlowCache, code_grid, effort_integral, hamiltonian_flow
 from .hamiltonian import HamiltonianSystem
 
-__all__ = ["EigenmodeLoss", "eigenmode_loss", "effort_weight", "EigenmodeTrainer", "half_index", "target_point"]
+__all__ = ["EigenmodeLoss", "eigenmode_loss", "effort_weight", "EigenmodeTrainer", "half_index", "target_point",
+           "projected_effort_step"]
 
 
 def half_index(grid: Tensor) -> int:
@@ -105,6 +106,43 @@ def eigenmode_loss(system: HamiltonianSystem, flow: Flow, period: Tensor, target
     return EigenmodeLoss(total, task, effort, C, c_q, c_p, c_half, ee_error)
 
 
+def projected_effort_step(J: Tensor, r: Tensor, g: Tensor, alpha: float) -> tuple[Tensor, Tensor]:
+    """One step of effort descent under equality constraints: ``(d (P,), Pg (P,))``.
+
+    ``d`` minimises the model ``g^T d + ||d||^2 / (2 alpha)`` subject to the linearised constraints
+    ``r + J d = 0``: ``d = -alpha P g - J^T (J J^T)^{-1} r`` with ``P = I - J^T (J J^T)^{-1} J`` the
+    projector onto the null space of ``J``. The first part lowers the objective without changing the
+    linearised residual (to first order), the second is the minimum-norm Gauss-Newton correction.
+
+    Args:
+        J: ``(m, P)`` Jacobian of the constraint residuals (full row rank up to round-off; a tiny
+            ridge relative to the largest diagonal entry of ``J J^T`` guards the solve).
+        r: ``(m,)`` residuals.
+        g: ``(P,)`` gradient of the objective.
+        alpha: step length (the inverse curvature of the model), > 0.
+    """
+    A = J @ J.T
+    ridge = 1e-12 * float(A.diagonal().max().clamp_min(1e-300))
+    A = A + ridge * torch.eye(A.shape[0], dtype=A.dtype, device=A.device)
+    sol = torch.linalg.solve(A, torch.stack([J @ g, r], -1))  # (m, 2)
+    Pg = g - J.T @ sol[:, 0]
+    return -alpha * Pg - J.T @ sol[:, 1], Pg
+
+
+def _flat_grad(out: Tensor, params: list[Tensor], retain_graph: bool = True) -> Tensor:
+    gs = torch.autograd.grad(out, params, retain_graph=retain_graph, allow_unused=True)
+    return torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for g, p in zip(gs, params)])
+
+
+def _set_params(params: list[Tensor], base: list[Tensor], step: Tensor) -> None:
+    with torch.no_grad():
+        off = 0
+        for p, b in zip(params, base):
+            k = p.numel()
+            p.copy_(b + step[off:off + k].reshape(p.shape).to(p.dtype))
+            off += k
+
+
 class EigenmodeTrainer:
     """Adam on the potential's parameters (and ``T`` when learned), one trajectory per step.
 
@@ -143,6 +181,28 @@ class EigenmodeTrainer:
         self.stopped_early = False
         self.polished = False
         self.polish_info: dict = {}
+        self.init_info: dict = {}
+        if cfg.init == "linear-mode":
+            self.init_info = self._linear_mode_init()
+        elif cfg.init != "default":
+            raise DiffmechError(f"config {cfg.name!r}: init must be 'default' or 'linear-mode', got {cfg.init!r}")
+
+    def _linear_mode_init(self) -> dict:
+        from .warmstart import fit_linear_mode, target_configuration
+
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        if cfg.target_position is None and cfg.target_angles is not None:
+            q_t = torch.tensor(cfg.target_angles, dtype=self.dtype, device=self.system.device)
+        else:
+            q_t = target_configuration(self.system, self.target, self.q0)
+        gen = torch.Generator().manual_seed(cfg.seed + 2)
+        info = fit_linear_mode(self.system, self.q0, q_t, float(self.period.detach()), margin=cfg.init_margin,
+                               generator=gen)
+        info["seconds"] = time.perf_counter() - t0
+        # the fit's seconds count as training time
+        self.train_seconds += info["seconds"]
+        return info
 
     # ------------------------------------------------------------------ one step
     def flow(self, *, grad: bool = True) -> Flow:
@@ -167,6 +227,10 @@ class EigenmodeTrainer:
         L = self.loss(epoch)
         if not bool(torch.isfinite(L.total)):
             raise DiffmechError(f"eigenmode training ({self.cfg.name}): non-finite loss at epoch {epoch}")
+        if self.cfg.polish and float(L.ee_error.detach()) < self.cfg.polish_from:
+            # the polish takes over from these parameters: an Adam step now could only move them
+            # away from the point whose error was just measured
+            return L
         L.total.backward()
         self.optimizer.step()
         if self.cfg.learn_period:
@@ -212,7 +276,8 @@ class EigenmodeTrainer:
                     if stop:
                         self.stopped_early = True
                         break
-                self.scheduler.step()
+                if not reached_polish:  # no Adam step was taken at the hand-over
+                    self.scheduler.step()
                 self.epoch += 1
                 if self.out and time.perf_counter() - last_ckpt > checkpoint_every:
                     self.save()
@@ -271,12 +336,7 @@ class EigenmodeTrainer:
                 break
             if it == cfg.polish_max_iter:
                 break
-            rows = []
-            for i in range(r.numel()):
-                gs = torch.autograd.grad(r[i], params, retain_graph=True, allow_unused=True)
-                rows.append(torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1)
-                                       for g, p in zip(gs, params)]))
-            Jr = torch.stack(rows).double()
+            Jr = torch.stack([_flat_grad(r[i], params) for i in range(r.numel())]).double()
             rd = r.detach().double()
             A = Jr @ Jr.T
             scale = float(A.diagonal().max())
@@ -285,17 +345,15 @@ class EigenmodeTrainer:
             accepted = False
             for _ in range(12):
                 step = -(Jr.T @ torch.linalg.solve(A + mu * scale * eye, rd))
-                with torch.no_grad():
-                    off = 0
-                    for p, t0_ in zip(params, theta0):
-                        k = p.numel()
-                        p.copy_(t0_ + step[off:off + k].reshape(p.shape).to(p.dtype))
-                        off += k
+                _set_params(params, theta0, step)
                 try:
                     r_new, flow_new = self.mode_residual(grid, cfg.polish_method, cache)
-                    ok = bool(torch.isfinite(r_new).all()) and float(r_new.detach().norm()) < float(rd.norm())
+                    finite = bool(torch.isfinite(r_new).all())
+                    ok = finite and float(r_new.detach().norm()) < float(rd.norm())
                 except (DiffmechError, RuntimeError):
-                    ok = False
+                    finite = ok = False
+                if not finite:
+                    cache.clear()  # the warm start is the failed trajectory: start the next solve afresh
                 if ok:
                     r, flow = r_new, flow_new
                     mu = max(mu / 10, 1e-12)
@@ -312,14 +370,102 @@ class EigenmodeTrainer:
         self.polish_info = {"iterations": it, "converged": converged, "ee_error": e_norm, "p_half_norm": p_norm,
                             "seconds": time.perf_counter() - t_start, "method": cfg.polish_method,
                             "grid_points": int(grid.numel())}
+        if cfg.effort_descent and converged:
+            self.polish_info["effort_descent"] = self.descend_effort(grid, cache, t_start)
+            self.polish_info["seconds"] = time.perf_counter() - t_start
         return self.polish_info
 
-    def _polish_record(self, flow: Flow, e_norm: float, p_norm: float, it: int, t_start: float) -> None:
+    def descend_effort(self, grid: Tensor, cache: FlowCache, t_start: float) -> dict:
+        """Lower the effort ``E = T int ||grad V_theta||^2 ds`` on the polish trajectory while the
+        mode's conditions ``r = (FK(q(T/2)) - x_d, p(T/2))`` stay within ``polish_tol``.
+
+        Each iteration takes ``J = dr/dtheta`` (one discrete-adjoint pass per residual) and
+        ``g = dE/dtheta`` (one more), and the step of :func:`projected_effort_step`: steepest descent
+        of ``E`` projected onto the null space of ``J`` plus the Gauss-Newton correction of ``r``.
+        A trial is accepted when ``E`` decreased and both residual norms are within ``polish_tol``;
+        a trial that lowers ``E`` but leaves the tolerance gets up to ``effort_descent_corrections``
+        second-order corrections (minimum-norm Gauss-Newton steps on the new residual with the same
+        ``J``: one trajectory each, no new Jacobian). After an accepted step the step length doubles,
+        after a failed trial it shrinks fourfold (at most 8 trials per iteration). The
+        first step length is set so that the model predicts a decrease of
+        ``effort_descent_fraction`` of ``E``.
+
+        Returns: iterations, effort before and after (on the polish trajectory), residual norms,
+        seconds of the descent.
+        """
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        params = [p for p in self.system.potential.parameters() if p.requires_grad]
+        tol_e, tol_p = cfg.polish_tol
+        T = self.period.detach()
+
+        def evaluate():
+            r, flow = self.mode_residual(grid, cfg.polish_method, cache)
+            return r, flow, T.abs() * effort_integral(self.system, flow)
+
+        r, flow, E = evaluate()
+        E_start = float(E.detach())
+        alpha = None
+        it = 0
+        accepted_steps = 0
+        corrections = 0
+        for it in range(cfg.effort_descent_iter):
+            J = torch.stack([_flat_grad(r[i], params) for i in range(r.numel())]).double()
+            g = _flat_grad(E, params, retain_graph=False).double()
+            rd, E0 = r.detach().double(), float(E.detach())
+            theta0 = [p.detach().clone() for p in params]
+            if alpha is None:
+                _, Pg = projected_effort_step(J, rd, g, 1.0)
+                alpha = cfg.effort_descent_fraction * E0 / max(float(Pg.square().sum()), 1e-300)
+            accepted = False
+            for _ in range(8):
+                step, _ = projected_effort_step(J, rd, g, alpha)
+                ok = False
+                # the trial, then (when only the conditions drifted out of tolerance) the
+                # second-order correction: a Gauss-Newton step on the new residual with the old J
+                for attempt in range(1 + cfg.effort_descent_corrections):
+                    _set_params(params, theta0, step)
+                    try:
+                        r_new, flow_new, E_new = evaluate()
+                    except (DiffmechError, RuntimeError):
+                        cache.clear()  # the warm start is the failed trajectory: start the next solve afresh
+                        break
+                    e_new, p_new = float(r_new[:3].detach().norm()), float(r_new[3:].detach().norm())
+                    if not bool(torch.isfinite(r_new).all()):
+                        cache.clear()
+                        break
+                    if float(E_new.detach()) >= E0:
+                        break
+                    if e_new < tol_e and p_new < tol_p:
+                        ok = True
+                        break
+                    corrections += attempt < cfg.effort_descent_corrections
+                    step = step + projected_effort_step(J, r_new.detach().double(), g, 0.0)[0]
+                if ok:
+                    r, flow, E = r_new, flow_new, E_new
+                    alpha *= 2.0
+                    accepted = True
+                    break
+                alpha /= 4
+            if not accepted:
+                _set_params(params, theta0, torch.zeros(sum(p.numel() for p in params), dtype=torch.float64))
+                cache.clear()
+                r, flow, E = evaluate()
+                break
+            accepted_steps += 1
+            self._polish_record(flow, float(r[:3].detach().norm()), float(r[3:].detach().norm()),
+                                it + 1, t_start, phase="effort")
+        return {"iterations": accepted_steps, "effort_start": E_start, "effort_end": float(E.detach()),
+                "ee_error": float(r[:3].detach().norm()), "p_half_norm": float(r[3:].detach().norm()),
+                "seconds": time.perf_counter() - t0, "step_length": alpha, "corrections": corrections}
+
+    def _polish_record(self, flow: Flow, e_norm: float, p_norm: float, it: int, t_start: float,
+                       phase: str = "polish") -> None:
         with torch.no_grad():
             L = eigenmode_loss(self.system, flow, self.period.detach(), self.target, self.cfg, generator=self.generator)
         # the polish's seconds count as training time
         self.train_seconds = self._polish_base + time.perf_counter() - t_start
-        rec = {"step": len(self.history), "epoch": self.epoch, "phase": "polish", **L.scalars(),
+        rec = {"step": len(self.history), "epoch": self.epoch, "phase": phase, **L.scalars(),
                "period": float(self.period.detach()), "lr": 0.0, "newton_iterations": it,
                "train_seconds": self.train_seconds}
         rec["ee_error"], rec["c_half"] = e_norm, p_norm ** 2
@@ -331,7 +477,8 @@ class EigenmodeTrainer:
                 "period": float(self.period.detach()), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(), "epoch": self.epoch, "history": self.history,
                 "train_seconds": self.train_seconds, "generator": self.generator.get_state(),
-                "stopped_early": self.stopped_early, "polished": self.polished, "polish_info": self.polish_info}
+                "stopped_early": self.stopped_early, "polished": self.polished, "polish_info": self.polish_info,
+                "init_info": self.init_info}
 
     def load_state_dict(self, state: dict) -> None:
         self.system.potential.load_state_dict(state["potential"])
@@ -346,6 +493,7 @@ class EigenmodeTrainer:
         self.stopped_early = bool(state.get("stopped_early", False))
         self.polished = bool(state.get("polished", False))
         self.polish_info = dict(state.get("polish_info", {}))
+        self.init_info = dict(state.get("init_info", {}))
         self.cache.clear()
 
     def save(self) -> None:

@@ -59,6 +59,8 @@ def config_overrides(args: argparse.Namespace) -> dict:
             ov[name] = val
     if args.stop_ee is not None:
         ov["stop_ee"] = args.stop_ee
+    if getattr(args, "effort_descent", False):
+        ov["effort_descent"] = True
     return ov
 
 
@@ -104,6 +106,7 @@ def finish_learn(trainer: EigenmodeTrainer, out: str, *, plots: bool = True, sta
         "steps": len(trainer.history),
         "adam_steps": sum(r.get("phase", "adam") == "adam" for r in trainer.history),
         "polish": trainer.polish_info,
+        "init": trainer.init_info,
         "epochs": trainer.epoch,
         "stopped_early": trainer.stopped_early,
         "s_per_step": trainer.train_seconds / max(len(trainer.history), 1),
@@ -353,6 +356,9 @@ def format_metrics(m: dict, *, stabilize: bool = False) -> str:
             f"effort {m['effort']:.4g}, "
             + (f"{m['adam_steps']} Adam steps + {m['polish'].get('iterations')} Gauss-Newton iterations"
                if m.get("polish") else f"{m['steps']} steps")
+            + (f" + {ed['iterations']} effort-descent steps (effort {ed['effort_start']:.4g} -> "
+               f"{ed['effort_end']:.4g} on the polish grid)"
+               if (ed := (m.get("polish") or {}).get("effort_descent")) else "")
             + f" in {m['train_s']:.1f} s "
             f"({1e3 * m['s_per_step']:.0f} ms/step), wall {m['wall_s']:.1f} s")
 
