@@ -79,8 +79,11 @@ def test_effort_descent_on_the_pendulum():
 
     cfg = get_config("main-fast", hidden=32, polish_grid_points=120, polish_from=1.0, init="linear-mode",
                      effort_descent=True, effort_descent_iter=4, dtype="float64")
+    from diffmech.dynamics import kernels
+
     tr = EigenmodeTrainer(cfg)
-    tr.train(progress=False)
+    with kernels.native_mode("build"):  # as users run it (the torch code alone: half an hour on 2 cores)
+        tr.train(progress=False)
     info = tr.polish_info
     assert info["converged"], info
     ed = info["effort_descent"]

@@ -120,8 +120,11 @@ def test_iiwa_fast_converges():
     pytest.importorskip("diff_robot_data")
     from diffmech.control.verify import verify_mode
 
+    from diffmech.dynamics import kernels
+
     tr = EigenmodeTrainer(get_config("iiwa-fast"))
-    tr.train(progress=False)
+    with kernels.native_mode("build"):  # as users run it: the torch code alone takes about an hour here
+        tr.train(progress=False)
     assert tr.polished and tr.polish_info["converged"], tr.polish_info
     m, _ = verify_mode(tr.system, tr.cfg.q0, float(tr.period), tr.target)
     assert m["ee_error_half_period"] < 1e-2
