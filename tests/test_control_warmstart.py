@@ -119,7 +119,6 @@ def test_iiwa_fast_converges():
     high-accuracy re-integration confirms the task and the mode."""
     pytest.importorskip("diff_robot_data")
     from diffmech.control.verify import verify_mode
-
     from diffmech.dynamics import kernels
 
     tr = EigenmodeTrainer(get_config("iiwa-fast"))
