@@ -161,6 +161,35 @@ def time_mujoco(model, datas: list, initial: np.ndarray, control: np.ndarray, po
     return time.perf_counter() - t0, time.process_time() - c0
 
 
+def _time_interleaved(env, actions, model, initial, control, mj_threads: int, repeats: int):
+    """Wall and CPU seconds of each variant -- diffmech with and without gradients, MuJoCo's
+    ``rollout`` with a thread pool made once (as a training loop would keep it) and, with more than
+    one thread, without one -- after one warm-up call each (kernels, thread pools), ``repeats``
+    times interleaved so that a load change hits every column alike."""
+    import mujoco
+    from mujoco import rollout
+
+    datas = [mujoco.MjData(model) for _ in range(mj_threads)]
+    pool = rollout.Rollout(nthread=mj_threads)
+    kinds = {"grad": lambda: time_diffmech(env, actions, True),
+             "nograd": lambda: time_diffmech(env, actions, False),
+             "mujoco": lambda: time_mujoco(model, datas, initial, control, pool),
+             "mujoco_1": lambda: time_mujoco(model, datas, initial, control)}
+    if mj_threads == 1:
+        kinds.pop("mujoco_1")
+    for f in kinds.values():
+        f()
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    cpu: dict[str, list[float]] = {k: [] for k in kinds}
+    for _ in range(repeats):
+        for k, f in kinds.items():
+            w, c = f()
+            times[k].append(w)
+            cpu[k].append(c)
+    pool.close()
+    return kinds, times, cpu
+
+
 def measure(links: int, batch: int, steps: int, repeats: int, mj_threads: int, device: str) -> dict:
     env = NLinkReach(links, num_envs=batch, device=device)
     g = torch.Generator().manual_seed(batch)
@@ -169,27 +198,8 @@ def measure(links: int, batch: int, steps: int, repeats: int, mj_threads: int, d
     q0, v0 = env.initial_state(batch)
     initial = mujoco_state(model, q0.cpu().double().numpy(), v0.cpu().double().numpy())
     control = np.ascontiguousarray(actions.permute(1, 0, 2).cpu().double().numpy())
-    import mujoco
-    from mujoco import rollout
 
-    datas = [mujoco.MjData(model) for _ in range(mj_threads)]
-    pool = rollout.Rollout(nthread=mj_threads)  # made once, as a training loop would keep it
-    kinds = {"grad": lambda: time_diffmech(env, actions, True),
-             "nograd": lambda: time_diffmech(env, actions, False),
-             "mujoco": lambda: time_mujoco(model, datas, initial, control, pool),
-             "mujoco_1": lambda: time_mujoco(model, datas, initial, control)}
-    if mj_threads == 1:
-        kinds.pop("mujoco_1")
-    for f in kinds.values():  # warm-up (kernels, thread pools)
-        f()
-    times: dict[str, list[float]] = {k: [] for k in kinds}
-    cpu: dict[str, list[float]] = {k: [] for k in kinds}
-    for _ in range(repeats):  # interleaved, so a load change hits every column alike
-        for k, f in kinds.items():
-            w, c = f()
-            times[k].append(w)
-            cpu[k].append(c)
-    pool.close()
+    kinds, times, cpu = _time_interleaved(env, actions, model, initial, control, mj_threads, repeats)
     cell = {"links": links, "batch": batch, "steps": steps}
     for k, ts in times.items():
         med = statistics.median(ts)
@@ -235,7 +245,6 @@ def measure_ant(batch: int, steps: int, repeats: int, mj_threads: int, device: s
     """Env steps per second of ``batch`` Ants for ``steps`` steps: diffmech with gradients and without a graph,
     MuJoCo's twin through ``mujoco.rollout`` (controls held for ``frame_skip`` MuJoCo steps)."""
     import mujoco
-    from mujoco import rollout
 
     from diffmech.rl.transplant import diffmech_to_mujoco_state, mujoco_ant
 
@@ -253,24 +262,7 @@ def measure_ant(batch: int, steps: int, repeats: int, mj_threads: int, device: s
         data.qpos[:], data.qvel[:] = qpos[b], qvel[b]
         mujoco.mj_getState(model, data, initial[b], spec)
     control = np.ascontiguousarray(np.repeat(actions.permute(1, 0, 2).cpu().numpy(), env.frame_skip, axis=1))
-    datas = [mujoco.MjData(model) for _ in range(mj_threads)]
-    pool = rollout.Rollout(nthread=mj_threads)
-    kinds = {"grad": lambda: time_diffmech(env, actions, True),
-             "nograd": lambda: time_diffmech(env, actions, False),
-             "mujoco": lambda: time_mujoco(model, datas, initial, control, pool),
-             "mujoco_1": lambda: time_mujoco(model, datas, initial, control)}
-    if mj_threads == 1:
-        kinds.pop("mujoco_1")
-    for f in kinds.values():
-        f()
-    times: dict[str, list[float]] = {k: [] for k in kinds}
-    cpu: dict[str, list[float]] = {k: [] for k in kinds}
-    for _ in range(repeats):
-        for k, f in kinds.items():
-            w, c = f()
-            times[k].append(w)
-            cpu[k].append(c)
-    pool.close()
+    kinds, times, cpu = _time_interleaved(env, actions, model, initial, control, mj_threads, repeats)
     return _summarise({"batch": batch, "steps": steps, "frame_skip": env.frame_skip, "sim_dt": env.sim_dt},
                       kinds, times, cpu, batch * steps)
 
