@@ -60,12 +60,13 @@ MARK_START, MARK_END = "<!-- bench_contact:start -->", "<!-- bench_contact:end -
 SEED_FWD_MS, SEED_BWD_MS = 0.2, 1.2
 
 
-def build(scene_name: str, batch: int):
-    p = torch.tensor(1000.0 if scene_name == "laikago" else 0.3, dtype=torch.float64, requires_grad=True)
+def build(scene_name: str, batch: int, device: str = "cpu"):
+    p = torch.tensor(1000.0 if scene_name == "laikago" else 0.3, dtype=torch.float64, device=device,
+                     requires_grad=True)
     if scene_name == "laikago":
-        scene, q0, v0 = scenes.laikago(1, stiffness=p)
+        scene, q0, v0 = scenes.laikago(1, stiffness=p, device=device)
     else:
-        scene, q0, v0 = scenes.racecar(p)
+        scene, q0, v0 = scenes.racecar(p, device=device)
     return scene, q0.expand(batch, -1).clone(), v0.expand(batch, -1).clone(), p
 
 
@@ -81,9 +82,14 @@ def prepare_kernels() -> float:
     return time.perf_counter() - t0
 
 
-def run(scene_name: str, adjoint: str, T: int, batch: int, dt: float = 1e-3) -> dict:
-    scene, q0, v0, p = build(scene_name, batch)
-    tau = torch.zeros(batch, T, scene.nv, dtype=torch.float64, requires_grad=True)
+def _sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run(scene_name: str, adjoint: str, T: int, batch: int, dt: float = 1e-3, device: str = "cpu") -> dict:
+    scene, q0, v0, p = build(scene_name, batch, device)
+    tau = torch.zeros(batch, T, scene.nv, dtype=torch.float64, device=device, requires_grad=True)
     saved = [0]
 
     def pack(t):
@@ -91,12 +97,15 @@ def run(scene_name: str, adjoint: str, T: int, batch: int, dt: float = 1e-3) -> 
         return t
 
     st: dict = {}
+    _sync(device)
     t0 = time.perf_counter()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         qs, vs = rollout(scene, q0, v0, tau, dt, adjoint=adjoint, stats=st)
+    _sync(device)
     t1 = time.perf_counter()
     loss = (qs[:, -1, 0] + qs[:, -1, 2]).sum()
     loss.backward()
+    _sync(device)
     t2 = time.perf_counter()
     if adjoint == "checkpoint":  # the Function keeps the states and warm starts itself
         saved[0] += st["saved_state_bytes"]

@@ -13,6 +13,8 @@ another (its cost per robot does not depend on ``B``). One thread each, in the s
 
     python benchmarks/bench_contact_batch.py                        # B = 1 ... 1024, T = 100
     python benchmarks/bench_contact_batch.py --batch 1,64 --steps 50 --no-write
+    python benchmarks/bench_contact_batch.py --device cuda --batch 1,64,1024,4096 --steps 50 \
+        --json benchmarks/results/bench_contact_batch_cuda.json   # diffmech on a GPU, MuJoCo on one core
 """
 
 from __future__ import annotations
@@ -44,18 +46,23 @@ def main(argv=None) -> dict:
     ap.add_argument("--batch", default="1,4,16,64,256,1024")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--mujoco-robots", type=int, default=16)
+    ap.add_argument("--device", default="cpu", help="diffmech's torch device (MuJoCo runs on the CPU)")
+    ap.add_argument("--json", default=None, help="results file (default benchmarks/results/bench_contact_batch.json)")
+    ap.add_argument("--markdown", default=None, help="markdown file to update (default BENCHMARKS.md; 'none' skips)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args(argv)
+    dev = args.device
     torch.set_num_threads(1)
-    bench_contact.prepare_kernels()
+    if dev == "cpu":  # the native kernels are CPU code
+        bench_contact.prepare_kernels()
     load0, t_start = os.getloadavg(), time.perf_counter()
     have_mj = bench_contact.mujoco_laikago() is not None
-    bench_contact.run("laikago", "checkpoint", 5, 1)  # first calls off the clock
+    bench_contact.run("laikago", "checkpoint", 5, 1, device=dev)  # first calls off the clock
     if have_mj:
         bench_contact.run_mujoco(5, 1)
     T, rows = args.steps, []
     for B in [int(x) for x in args.batch.split(",")]:
-        d = bench_contact.run("laikago", "checkpoint", T, B)
+        d = bench_contact.run("laikago", "checkpoint", T, B, device=dev)
         row = {"batch": B, "T": T, "forward_ms_per_step": d["forward_ms_per_step"],
                "backward_ms_per_step": d["backward_ms_per_step"],
                "per_robot_ms": (d["forward_ms_per_step"] + d["backward_ms_per_step"]) / B}
@@ -71,18 +78,30 @@ def main(argv=None) -> dict:
     rep = {"rows": rows, "load_before": load0, "load_after": os.getloadavg(), "wall_s": time.perf_counter() - t_start,
            "machine": _machine.machine(ROOT, 1, ["src/diffmech", "benchmarks/bench_contact_batch.py"]),
            "date": datetime.datetime.now().isoformat(timespec="seconds"), "python": platform.python_version(),
+           "device": dev, "device_name": torch.cuda.get_device_name(dev) if dev.startswith("cuda") else "cpu",
            "args": " ".join(sys.argv[1:] if argv is None else argv)}
     text = "\n".join(markdown(rep))
     print(text)
     if not args.no_write:
-        with open(os.path.join(ROOT, "benchmarks", "results", "bench_contact_batch.json"), "w") as f:
+        path = args.json or os.path.join(ROOT, "benchmarks", "results", "bench_contact_batch.json")
+        with open(path, "w") as f:
             json.dump(rep, f, indent=2)
-        replace_section(os.path.join(ROOT, "BENCHMARKS.md"), text, MARK_START, MARK_END)
+        if args.markdown != "none":
+            replace_section(args.markdown or os.path.join(ROOT, "BENCHMARKS.md"), text, *_marks(rep))
     return rep
 
 
+def _marks(rep: dict) -> tuple[str, str]:
+    if rep.get("device", "cpu") == "cpu":
+        return MARK_START, MARK_END
+    return MARK_START.replace(":start", "_gpu:start"), MARK_END.replace(":end", "_gpu:end")
+
+
 def markdown(rep: dict) -> list[str]:
-    lines = [MARK_START, "## Contact rollouts: gradient cost per robot vs batch size", "",
+    start, end = _marks(rep)
+    where = ("" if rep.get("device", "cpu") == "cpu" else
+             f" on a GPU ({rep['device_name']}; MuJoCo on one CPU core of the same machine)")
+    lines = [start, f"## Contact rollouts: gradient cost per robot vs batch size{where}", "",
              generated_by("bench_contact_batch.py", rep), "",
              "Native kernels for the robot's mass matrix and bias forces (`diffmech.dynamics.kernels.prepare`). "
              "`scenes.laikago` copies in one batch, dt 1e-3, float64, zero commanded torque; gradient of the chassis' "
@@ -100,7 +119,8 @@ def markdown(rep: dict) -> list[str]:
                      f"{r['per_robot_ms']:.3f} | {r['per_robot_ms'] / SEED_MS:.2f}x | "
                      + (f"{fd:.3f} | {r['per_robot_ms'] / fd:.2f} | {r['mujoco_step_per_robot_ms']:.4f} |" if fd else
                         "- | - | - |"))
-    lines += ["", "Raw data: `benchmarks/results/bench_contact_batch.json`.", MARK_END]
+    raw = "bench_contact_batch.json" if rep.get("device", "cpu") == "cpu" else "bench_contact_batch_cuda.json"
+    lines += ["", f"Raw data: `benchmarks/results/{raw}`.", end]
     return lines
 
 

@@ -179,3 +179,35 @@ def test_cuda_matches_cpu():
         og, rg, *_ = gpu.step(a.cuda())
     torch.testing.assert_close(og.cpu(), oc, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(rg.cpu(), rc, atol=1e-4, rtol=1e-4)
+
+
+def test_runaway_state_ends_its_episode_without_nan():
+    """A state beyond max_speed (or non-finite) terminates that environment with a zero reward and
+    finite observations; the others are untouched; the count and a warning report it."""
+    env = NLinkReach(3, num_envs=3, dtype=torch.float64)
+    env.reset()
+    q, v = env.q.clone(), env.v.clone()
+    v[1] = torch.tensor([150.0, 0.0, 0.0], dtype=torch.float64)  # past max_speed after one step
+    v[2, 0] = float("inf")
+    env.set_state(q, v) if hasattr(env, "set_state") else setattr(env, "v", v)
+    a = torch.zeros(3, 3, dtype=torch.float64, requires_grad=True)
+    with pytest.warns(UserWarning, match="environment 1 left the simulable range"):
+        res = env.step(a)
+    assert res.terminated.tolist() == [False, True, True]
+    assert res.reward[1:].abs().max() == 0 and bool(torch.isfinite(res.reward).all())
+    assert bool(torch.isfinite(res.final_obs).all()) and bool(torch.isfinite(res.obs).all())
+    assert env.diverged == 2
+    # restarted from the task's start; the first environment's step is the plain transition
+    q1, v1, _, r1, _ = NLinkReach(3, num_envs=1, dtype=torch.float64).transition(q[:1], v[:1], env.t[:1] * 0, a[:1])
+    torch.testing.assert_close(res.reward[:1], r1)
+    torch.testing.assert_close(env.v[1:], torch.zeros(2, 3, dtype=torch.float64))
+    res.reward[0].backward()
+    # a state beyond max_speed but finite keeps every gradient finite (a non-finite one cannot: 0 * inf)
+    assert bool(torch.isfinite(a.grad[:2]).all())
+    # max_speed=None: only non-finite states end an episode
+    free = NLinkReach(3, num_envs=1, dtype=torch.float64, max_speed=None)
+    free.reset()
+    free.v = torch.tensor([[150.0, 0.0, 0.0]], dtype=torch.float64)
+    assert not bool(free.step(torch.zeros(1, 3, dtype=torch.float64)).terminated.any())
+    with pytest.raises(OptionError, match="max_speed"):
+        NLinkReach(2, max_speed=0.0)

@@ -46,6 +46,7 @@ def add_eigenmode_parser(sub) -> argparse.ArgumentParser:
                        help="fixed-step scheme of the training trajectory")
     learn.add_argument("--adjoint", choices=("discrete", "autograd"), help="gradient through the solver")
     learn.add_argument("--dtype", choices=("float32", "float64"), help="training dtype")
+    learn.add_argument("--device", help="torch device of the training (default cpu; e.g. cuda)")
     learn.add_argument("--seed", type=int, help="random seed")
     learn.add_argument("--effort-descent", action="store_true",
                        help="after the Gauss-Newton polish, lower the effort within the mode's conditions "

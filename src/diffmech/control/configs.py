@@ -78,6 +78,7 @@ class EigenmodeConfig:
     solver: str = "newton"
     adjoint: str = "discrete"
     dtype: str = "float32"
+    device: str = "cpu"  # where the system, the flow and the optimiser run ("cuda", "cuda:1", ...)
     native: bool = True  # build the core's native kernels (mass matrix, inverse dynamics) for the field
     seed: int = 0
     # stopping (None: run every epoch): stop once the discrete end-effector error at T/2 is below

@@ -156,7 +156,7 @@ class EigenmodeTrainer:
         self.out = out
         with torch.random.fork_rng(devices=[]):  # seed the network's initialisation without touching the caller's RNG
             torch.manual_seed(cfg.seed)
-            self.system = build_system(cfg)
+            self.system = build_system(cfg).to(cfg.device)
         self.native = bool(cfg.native) and self.system.prepare_native()
         self.dtype = cfg.torch_dtype
         dev = self.system.device
@@ -517,7 +517,7 @@ class EigenmodeTrainer:
     @classmethod
     def load(cls, out: str, **overrides) -> EigenmodeTrainer:
         """The trainer saved in ``out`` (config overrides: e.g. more ``epochs`` to resume further)."""
-        state = torch.load(os.path.join(out, "checkpoint.pt"), weights_only=False)
+        state = torch.load(os.path.join(out, "checkpoint.pt"), map_location="cpu", weights_only=False)
         cfg = EigenmodeConfig.from_dict(state["config"]).replace(**overrides)
         tr = cls(cfg, out)
         tr.load_state_dict(state)

@@ -53,7 +53,7 @@ def config_overrides(args: argparse.Namespace) -> dict:
         ov["learn_period"] = False
     if args.learn_period:
         ov["learn_period"] = True
-    for name in ("effort", "epochs", "steps_per_epoch", "lr", "method", "adjoint", "dtype", "seed"):
+    for name in ("effort", "epochs", "steps_per_epoch", "lr", "method", "adjoint", "dtype", "device", "seed"):
         val = getattr(args, name, None)
         if val is not None:
             ov[name] = val

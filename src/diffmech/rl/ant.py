@@ -103,15 +103,15 @@ class Ant(DiffEnv):
 
     # ------------------------------------------------------------------ the task
     def initial_state(self, n: int) -> tuple[Tensor, Tensor]:
-        z = dict(dtype=self.dtype, device=self.device)
         q = self.q_start.expand(n, -1).clone()
         v = self.v_start.expand(n, -1).clone()
         if self.reset_noise > 0:
-            u = torch.rand(n, q.shape[1], generator=self.generator, **z)
+            g, z = self.generator, dict(dtype=self.dtype)  # drawn on the CPU: the same resets on every device
+            u = torch.rand(n, q.shape[1], generator=g, **z).to(self.device)
             q = q + self.reset_noise * (2 * u - 1)
             quat = q[:, 3:7] / q[:, 3:7].norm(dim=-1, keepdim=True)
             q = torch.cat([q[:, :3], quat, q[:, 7:]], -1)
-            v = v + self.reset_noise * torch.randn(n, v.shape[1], generator=self.generator, **z)
+            v = v + self.reset_noise * torch.randn(n, v.shape[1], generator=g, **z).to(self.device)
         return q, v
 
     def healthy(self, q: Tensor, v: Tensor) -> Tensor:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .._warnings import warn
 from ..errors import OptionError, ShapeError
 from ..robot import RobotModel
 from ..sim.integrators import Integrator, get_integrator
@@ -79,11 +80,17 @@ class DiffEnv(abc.ABC):
         compile: evaluate the forward dynamics with native kernels
             (:func:`diffmech.dynamics.compiled`); ``None``: on the CPU yes, elsewhere the eager code.
         seed: seed of the environment's random generator (resets).
+        max_speed: a next state with a joint speed above this (rad/s or m/s), or with a non-finite
+            value, has left what the time step can simulate (an explicit integrator's step grows
+            without bound from there): the episode terminates there with a zero reward for the step,
+            the environment restarts, and :attr:`diverged` counts it (a warning names the first).
+            ``None``: only non-finite states.
     """
 
     def __init__(self, robot: RobotModel, num_envs: int, *, dt: float, horizon: int,
                  max_torque: float | Sequence[float], integrator: str | Integrator = "semi_implicit_euler",
-                 compile: bool | None = None, seed: int | None = None, act_dim: int | None = None):
+                 compile: bool | None = None, seed: int | None = None, act_dim: int | None = None,
+                 max_speed: float | None = None):
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
             raise OptionError(f"{type(self).__name__}: num_envs must be a positive integer, got {num_envs!r}")
         if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
@@ -101,6 +108,10 @@ class DiffEnv(abc.ABC):
             raise OptionError(f"{type(self).__name__}: max_torque must be positive, a number or {self.act_dim} "
                               f"numbers, got {max_torque!r}")
         self.max_torque = mt.expand(self.act_dim).clone()
+        if max_speed is not None and not (max_speed > 0):
+            raise OptionError(f"{type(self).__name__}: max_speed must be positive or None, got {max_speed!r}")
+        self.max_speed = None if max_speed is None else float(max_speed)
+        self.diverged = 0  # episodes ended by a state beyond max_speed or non-finite (see max_speed)
         self.integrator = None
         if integrator is not None:
             self.integrator = get_integrator(integrator)
@@ -113,7 +124,8 @@ class DiffEnv(abc.ABC):
 
             fd = compiled(robot, "forward_dynamics")
             self._accel = lambda q, v, tau, f_ext=None: fd(q, v, tau)
-        self.generator = torch.Generator(device=self.device)
+        # on the CPU: a seed gives the same resets on every device (the draws are a few numbers per env)
+        self.generator = torch.Generator()
         self.generator.manual_seed(0 if seed is None else int(seed))
         self.q = self.v = self.t = None  # set by reset()
         self.obs_dim = int(self.observe(*self._zero_state(1), torch.zeros(1, dtype=torch.long,
@@ -180,7 +192,33 @@ class DiffEnv(abc.ABC):
         """
         action = self._check_action(action, q.shape[0])
         q1, v1 = self.simulate(q, v, action)
-        return q1, v1, self.observe(q1, v1, t + 1), self.reward(q, v, q1, v1, action), self.terminal(q1, v1)
+        obs1, rew, term = self.observe(q1, v1, t + 1), self.reward(q, v, q1, v1, action), self.terminal(q1, v1)
+        bad = self.diverging(q1, v1)
+        if bool(bad.any()):
+            # finite stand-ins, so that neither a normaliser nor a network downstream turns into NaN
+            rew = torch.where(bad, torch.zeros_like(rew), rew)
+            obs1 = torch.where(bad[:, None], torch.nan_to_num(obs1.detach(), nan=0.0, posinf=0.0, neginf=0.0), obs1)
+            term = term | bad
+        return q1, v1, obs1, rew, term
+
+    def diverging(self, q1: Tensor, v1: Tensor) -> Tensor:
+        """``(B,)`` bool: the state is non-finite or faster than :attr:`max_speed` (see the class)."""
+        with torch.no_grad():
+            bad = ~(torch.isfinite(q1).all(-1) & torch.isfinite(v1).all(-1))
+            if self.max_speed is not None:
+                bad = bad | (v1.abs().amax(-1) > self.max_speed)
+        return bad
+
+    def _count_diverged(self, q1: Tensor, v1: Tensor) -> None:
+        bad = self.diverging(q1, v1)
+        n = int(bad.sum())
+        if n:
+            if not self.diverged:
+                i = int(bad.nonzero()[0])
+                warn(f"{type(self).__name__}: environment {i} left the simulable range (|v| max "
+                     f"{float(v1[i].detach().abs().amax()):.3g}, max_speed {self.max_speed}); its episode ends "
+                     "there (further cases are counted in .diverged)")
+            self.diverged += n
 
     # ------------------------------------------------------------------ the vector environment
     def seed(self, seed: int) -> None:
@@ -237,6 +275,7 @@ class DiffEnv(abc.ABC):
         if self.q is None:
             raise OptionError(f"{type(self).__name__}: call reset() before step()")
         q1, v1, obs1, rew, term = self.transition(self.q, self.v, self.t, action)
+        self._count_diverged(q1, v1)
         t1 = self.t + 1
         trunc = (t1 >= self.horizon) & ~term
         done = term | trunc
@@ -283,13 +322,17 @@ class NLinkReach(DiffEnv):
         damping: joint damping, N m s/rad.
         reset_noise: half-width of the uniform noise added to the initial angles, rad.
         device, dtype: of the simulation (float32 by default).
+        max_speed: joint speed (rad/s) that ends an episode (:class:`DiffEnv`): 100 by default, a
+            turn of 1.7 rad per step of 1/60 s, where semi-implicit Euler's swing grows without bound
+            (a 6-link chain went from 72 to 1e30 rad/s in ten steps; controlled swings stay under 60).
         Other keywords go to :class:`DiffEnv`.
     """
 
     def __init__(self, links: int = 2, num_envs: int = 1, *, link_length: float = 0.5,
                  masses: float | Sequence[float] | None = None, damping: float = 0.0, max_torque: float = 10.0,
                  dt: float = 1.0 / 60.0, horizon: int = 100, reset_noise: float = 0.0,
-                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32, **kwargs):
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
+                 max_speed: float | None = 100.0, **kwargs):
         from ..model.systems import n_link_pendulum
 
         if isinstance(links, bool) or not isinstance(links, int) or links < 1:
@@ -304,14 +347,15 @@ class NLinkReach(DiffEnv):
         reach = links * self.link_length
         self.target = torch.tensor([0.0, 0.0, reach], dtype=dtype, device=robot.device)
         self.max_return = 2.0 * reach**2
-        super().__init__(robot, num_envs, dt=dt, horizon=horizon, max_torque=max_torque, **kwargs)
+        super().__init__(robot, num_envs, dt=dt, horizon=horizon, max_torque=max_torque, max_speed=max_speed,
+                         **kwargs)
 
     def initial_state(self, n: int) -> tuple[Tensor, Tensor]:
         z = dict(dtype=self.dtype, device=self.device)
         q = torch.zeros(n, self.links, **z)
         q[:, 0] = math.pi / 2
         if self.reset_noise > 0:
-            u = torch.rand(n, self.links, generator=self.generator, **z)
+            u = torch.rand(n, self.links, generator=self.generator, dtype=self.dtype).to(self.device)
             q = q + self.reset_noise * (2 * u - 1)
         return q, torch.zeros(n, self.links, **z)
 

@@ -300,8 +300,13 @@ def train(env_name: str, algo: str, out, *, links: int = 2, steps: int | None = 
     if rec.rows[-1]["env_steps"] != rec.env_steps:
         rec.evaluate()
     rets = [r["eval_return"] for r in rec.rows]
-    metrics = {"max_return": max(rets), "final_return": rets[-1], "env_steps": rec.env_steps, "wall_s": round(wall, 3),
-               "total_wall_s": round(time.perf_counter() - rec.t0, 3), "evaluations": len(rets)}
+    finite = [x for x in rets if math.isfinite(x)]
+    metrics = {"max_return": max(finite) if finite else float("nan"), "final_return": rets[-1],
+               "env_steps": rec.env_steps, "wall_s": round(wall, 3),
+               "total_wall_s": round(time.perf_counter() - rec.t0, 3), "evaluations": len(rets),
+               "non_finite_evaluations": len(rets) - len(finite)}
+    if getattr(rec, "diverged", None) is not None:
+        metrics["diverged_episodes"] = rec.diverged  # training episodes ended by a runaway state (DiffEnv)
     best = getattr(eval_env, "max_return", None)
     if best is not None:
         metrics["max_possible_return"] = best
@@ -328,6 +333,7 @@ def _train_own(algo, cfg, env_name, links, seed, steps, device, env_kwargs, eval
             break
     if rec.rows[-1]["env_steps"] != rec.env_steps:
         rec.evaluate()
+    rec.diverged = getattr(getattr(learner, "env", None), "diverged", None)
     for name, state in (("checkpoint.pt", learner.state_dict()), ("checkpoint_best.pt", best["state"])):
         torch.save({"algo": algo, "config": dataclasses.asdict(cfg), "state": state}, out / name)
     return rec
