@@ -32,6 +32,7 @@ from ..contact import geometry as geo
 from ..contact.pgs import pgs
 from ..contact.smooth import smooth_solve
 from ..dynamics._jacobian import JACOBIAN_MAX_BATCH, one_thread
+from ..dynamics.free_flyer import free_flyer_integrate
 from ..dynamics.kinematics import poses_and_world_jacobians
 from ..errors import ModelError
 from ..model.collision import Shape
@@ -128,6 +129,71 @@ def _broad_phase(scene: Scene, items: list, reach: float) -> tuple[list[int], li
     return ground, [tuple(ij) for ij in close.nonzero().tolist()]
 
 
+def _free_bodies(scene: Scene) -> list[str]:
+    """Names of the scene's free rigid bodies (a floating base and no joint, e.g.
+    :func:`diffmech.model.systems.sphere`): their dynamics, poses and steps are evaluated together
+    in closed form (:func:`_free_body_dynamics`) where a scene has two or more -- a pile of 50 balls
+    would otherwise cost 50 calls of each rigid-body algorithm per step."""
+    free = [n for n in scene.names if scene.models[n].floating_base and scene.models[n].nv == 6
+            and len(scene.models[n].link_names) == 1 and n not in scene.drives]
+    return free if len(free) >= 2 else []
+
+
+def _free_body_dynamics(scene: Scene, free: list[str], qs: dict, vs: dict, ts: dict, dt: float, chol: dict,
+                        vfree: dict, poses: dict, jac_world: dict) -> None:
+    """The first stage of the step for the free bodies ``free``, all at once: mass matrices,
+    Cholesky factors, free velocities, link poses and world Jacobians, written into the dicts as the
+    per-model code writes them (``tests/test_contact.py`` checks them against it).
+
+    Body frame at the link origin, twist ``(v, w)`` in that frame; link mass ``m``, centre of mass
+    ``c`` and inertia ``I_c`` about it (link axes): ``M = [[m 1, -m [c]x], [m [c]x, I_c - m [c]x^2]]``
+    (constant), bias ``h = (w x p_l - m g_b, v x p_l + w x p_a - m c x g_b)`` with momenta
+    ``p_l = m (v + w x c)``, ``p_a = m c x v + I_o w`` and gravity ``g_b = R^T g`` in the body frame.
+    """
+    models = [scene.models[n] for n in free]
+    inertials = [m.link_params(m.link_names[0]).inertial() for m in models]
+    mass = torch.stack([x[0] for x in inertials])  # (K,)
+    c = torch.stack([x[1] for x in inertials])  # (K, 3)
+    Ic = torch.stack([x[2] for x in inertials])  # (K, 3, 3)
+    Ic = 0.5 * (Ic + Ic.transpose(-1, -2))  # the rigid-body algorithms read the symmetric part, so do their gradients
+    g = torch.stack([m.gravity for m in models])  # (K, 3) world
+    mk = mass[:, None, None]
+    C = skew(c)
+    Io = Ic - mk * (C @ C)
+    eye = torch.eye(3, dtype=c.dtype, device=c.device).expand_as(C)
+    M = torch.cat([torch.cat([mk * eye, -mk * C], -1), torch.cat([mk * C, Io], -1)], -2)  # (K, 6, 6)
+    L, bad = torch.linalg.cholesky_ex(M)
+    if bool(bad.any()):
+        n = free[int(bad.nonzero()[0])]
+        raise ModelError(f"Scene model {n!r}: the mass matrix is not positive definite (mass or inertia)")
+    q = torch.stack([qs[n] for n in free], 1)  # (B, K, 7)
+    v = torch.stack([vs[n] for n in free], 1)  # (B, K, 6)
+    tau = torch.stack([ts[n] for n in free], 1)
+    B = q.shape[0]
+    R = quat_to_matrix(q[..., 3:7] / q[..., 3:7].norm(dim=-1, keepdim=True))  # (B, K, 3, 3)
+    vl, w = v[..., :3], v[..., 3:]
+    cb, m1 = c.expand(B, -1, -1), mass[:, None]
+    pl = m1 * (vl + torch.linalg.cross(w, cb))
+    pa = m1 * torch.linalg.cross(cb, vl) + (Io @ w[..., None])[..., 0]
+    gb = (R.transpose(-1, -2) @ g[..., None])[..., 0]
+    h = torch.cat([torch.linalg.cross(w, pl) - m1 * gb,
+                   torch.linalg.cross(vl, pl) + torch.linalg.cross(w, pa) - m1 * torch.linalg.cross(cb, gb)], -1)
+    Lb = L.expand(B, -1, -1, -1)
+    acc = torch.cholesky_solve((tau - h)[..., None], Lb)[..., 0]
+    acc = torch.cat([acc[..., :3] + torch.linalg.cross(w, vl), acc[..., 3:]], -1)  # world translation (_advance)
+    v_free = v + dt * acc
+    p = q[..., :3]
+    T = torch.cat([torch.cat([R, p[..., None]], -1),
+                   torch.nn.functional.pad(torch.ones_like(p[..., :1]), (3, 0))[..., None, :]], -2)
+    Jw = torch.cat([torch.cat([R, skew(p) @ R], -1), torch.cat([torch.zeros_like(R), R], -1)], -2)
+    for k, n in enumerate(free):
+        chol[n] = Lb[:, k]
+        vfree[n] = v_free[:, k]
+        if scene.shapes[n]:
+            poses[n] = T[:, k:k + 1]
+            jac_world[(n, models[k].link_names[0])] = Jw[:, k]
+
+
 def _advance(scene: Scene, qs: dict, vs: dict, dt: float) -> tuple[Tensor, Tensor]:
     """Positions from the new velocities. A floating base's linear velocity is held in the base
     frame of step ``k`` through the step (the ``omega x v`` term is added to its rate above), so the
@@ -135,21 +201,34 @@ def _advance(scene: Scene, qs: dict, vs: dict, dt: float) -> tuple[Tensor, Tenso
     a symplectic Euler step of the world-frame translation, which conserves the linear momentum of
     bodies that only push on each other exactly (integrating the base-frame velocity with ``exp``
     would not, by ``O(dt^2 |omega|^2 |v|)`` per step)."""
-    qo, vo = [], []
+    qo, vo = {}, {}
+    free = _free_bodies(scene)
+    if free:  # the same update for all free bodies in one pass
+        q, v = torch.stack([qs[n] for n in free], 1), torch.stack([vs[n] for n in free], 1)  # (B, K, .)
+        Rk = quat_to_matrix(q[..., 3:7] / q[..., 3:7].norm(dim=-1, keepdim=True))
+        vw = (Rk @ v[..., :3, None])[..., 0]
+        rot = free_flyer_integrate(q.reshape(-1, 7), (dt * torch.cat([torch.zeros_like(vw), v[..., 3:]], -1)
+                                                      ).reshape(-1, 6)).reshape(q.shape)
+        q1 = torch.cat([q[..., :3] + dt * vw, rot[..., 3:]], -1)
+        R1 = quat_to_matrix(q1[..., 3:7])
+        v1 = torch.cat([(R1.transpose(-1, -2) @ vw[..., None])[..., 0], v[..., 3:]], -1)
+        for k, n in enumerate(free):
+            qo[n], vo[n] = q1[:, k], v1[:, k]
     for n in scene.names:
+        if n in qo:
+            continue
         m, q, v = scene.models[n], qs[n], vs[n]
         if not m.floating_base:
-            qo.append(m.integrate(q, v, dt))
-            vo.append(v)
+            qo[n], vo[n] = m.integrate(q, v, dt), v
             continue
         Rk = quat_to_matrix(q[..., 3:7] / q[..., 3:7].norm(dim=-1, keepdim=True))
         vw = (Rk @ v[..., :3, None])[..., 0]
         rot = m.integrate(q, torch.cat([torch.zeros_like(vw), v[..., 3:]], -1), dt)
         q1 = torch.cat([q[..., :3] + dt * vw, rot[..., 3:]], -1)
         R1 = quat_to_matrix(q1[..., 3:7])
-        qo.append(q1)
-        vo.append(torch.cat([(R1.transpose(-1, -2) @ vw[..., None])[..., 0], v[..., 3:]], -1))
-    return torch.cat(qo, -1), torch.cat(vo, -1)
+        qo[n] = q1
+        vo[n] = torch.cat([(R1.transpose(-1, -2) @ vw[..., None])[..., 0], v[..., 3:]], -1)
+    return torch.cat([qo[n] for n in scene.names], -1), torch.cat([vo[n] for n in scene.names], -1)
 
 
 def contact_step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict | None = None,
@@ -175,7 +254,12 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
     names = scene.names
     qs, vs, ts = scene.split(q, "q"), scene.split(v, "v"), scene.split(tau, "v")
     chol, vfree, poses, jac_world = {}, {}, {}, {}
+    free = _free_bodies(scene)
+    if free:
+        _free_body_dynamics(scene, free, qs, vs, ts, dt, chol, vfree, poses, jac_world)
     for n in names:
+        if n in chol:
+            continue
         m = scene.models[n]
         M = m.mass_matrix(qs[n])
         f = ts[n] - m.bias_forces(qs[n], vs[n])
@@ -329,7 +413,13 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
     K = Jc.shape[1]
     phi, mu, e = torch.cat(phis, 1), torch.cat(mus, 1), torch.cat(es, 1)
     J = Jc.reshape(B, 3 * K, scene.nv)
-    MinvJt = torch.cat([torch.cholesky_solve(J[..., scene.vslices[n]].transpose(-1, -2), chol[n]) for n in names], -2)
+    solved = {}
+    if free:  # the free bodies' blocks in one batched solve
+        Jf = torch.stack([J[..., scene.vslices[n]] for n in free], 1).transpose(-1, -2)  # (B, F, 6, 3K)
+        sol = torch.cholesky_solve(Jf, torch.stack([chol[n] for n in free], 1))
+        solved = {n: sol[:, k] for k, n in enumerate(free)}
+    MinvJt = torch.cat([solved[n] if n in solved else
+                        torch.cholesky_solve(J[..., scene.vslices[n]].transpose(-1, -2), chol[n]) for n in names], -2)
     A = J @ MinvJt
     vn_pre = (J @ v[..., None])[..., 0].reshape(B, K, 3)[..., 0]
     cfree = (J @ v_free[..., None])[..., 0].reshape(B, K, 3)
