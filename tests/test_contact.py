@@ -451,8 +451,8 @@ def test_free_bodies_together_equal_the_per_model_path(monkeypatch):
         with torch.no_grad():
             lp = box.link_params("body")
             lp.com.copy_(torch.tensor([0.02, -0.01, 0.015], dtype=F64))
-            lp.inertia.add_(torch.tensor([[0.002, 0.0005, -0.0003], [0.0005, 0.001, 0.0002], [-0.0003, 0.0002, 0.003]],
-                                         dtype=F64))
+            extra = [[0.002, 0.0005, -0.0003], [0.0005, 0.001, 0.0002], [-0.0003, 0.0002, 0.003]]
+            lp.inertia.add_(torch.tensor(extra, dtype=F64))
         box.make_link_param_learnable("body", "mass")
         box.make_link_param_learnable("body", "inertia")
         return Scene([box, systems.sphere(0.05, 0.4, name="ball"), systems.capsule(0.03, 0.2, 0.3, name="rod")], friction=0.4, restitution=0.3)
@@ -478,4 +478,4 @@ def test_free_bodies_together_equal_the_per_model_path(monkeypatch):
 
     per_model, together = run(False), run(True)
     for name, a, b in zip(("Q", "V", "dv0", "dtau", "dmass", "dinertia"), together, per_model):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10, msg=lambda m, name=name: f"{name}: {m}")
