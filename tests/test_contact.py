@@ -455,7 +455,8 @@ def test_free_bodies_together_equal_the_per_model_path(monkeypatch):
             lp.inertia.add_(torch.tensor(extra, dtype=F64))
         box.make_link_param_learnable("body", "mass")
         box.make_link_param_learnable("body", "inertia")
-        return Scene([box, systems.sphere(0.05, 0.4, name="ball"), systems.capsule(0.03, 0.2, 0.3, name="rod")], friction=0.4, restitution=0.3)
+        return Scene([box, systems.sphere(0.05, 0.4, name="ball"), systems.capsule(0.03, 0.2, 0.3, name="rod")],
+                     friction=0.4, restitution=0.3)
 
     original, use = cs._free_bodies, [True]
     monkeypatch.setattr(cs, "_free_bodies", lambda scene: original(scene) if use[0] else [])
