@@ -322,28 +322,26 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
                              f"{nb}/{lb} ({sb.kind}) came within {reach:.3g} m of each other")
         groups.append((_pair(sa.kind, za, Ra, pa, sb.kind, zb, Rb, pb), (na, la), (nb, lb), (na, nb, la, lb), (i, j)))
 
-    def point_jac(body, pts):  # pts (B, k, 3) world -> (B, k, 3, nv) of the scene
-        n, _ = body
-        Jw = jac_world[body]  # spatial velocity at the world origin: v(x) = v_o + w x x
-        Jp = Jw[:, None, :3] - skew(pts) @ Jw[:, None, 3:]
-        sl = scene.vslices[n]
-        return torch.nn.functional.pad(Jp, (sl.start, scene.nv - sl.stop))
+    def world_jac(body):  # (B, 6, nv) of the scene: spatial velocity at the world origin, v(x) = v_o + w x x
+        sl = scene.vslices[body[0]]
+        return torch.nn.functional.pad(jac_world[body], (sl.start, scene.nv - sl.stop))
 
     rows, phis, mus, es, keys = [], [], [], [], []
     nrms, Js = [], []  # contact normals and Jacobians, turned into (normal, tangent) rows at once below
-    ground = [g for g in groups if g[2] is None]
-    if ground:
-        # the candidates of every shape near the ground side by side: one pass for all of them
-        counts = [g[0].phi.shape[1] for g in ground]
-        Jw = torch.stack([torch.nn.functional.pad(jac_world[g[1]], (scene.vslices[g[1][0]].start,
-                                                                    scene.nv - scene.vslices[g[1][0]].stop))
-                          for g in ground], 1)  # (B, S, 6, nv)
+    # the candidates of every shape near the ground side by side, then those of every pair of shapes:
+    # one pass for each kind of group
+    for touching in ([g for g in groups if g[2] is None], [g for g in groups if g[2] is not None]):
+        if not touching:
+            continue
+        counts = [g[0].phi.shape[1] for g in touching]
+        Jw = torch.stack([world_jac(g[1]) if g[2] is None else world_jac(g[1]) - world_jac(g[2])
+                          for g in touching], 1)  # (B, S, 6, nv): relative for a pair (linear in the twists)
         owner = [i for i, k in enumerate(counts) for _ in range(k)]
         sidx = torch.tensor(owner, device=q.device)
-        pts = torch.cat([g[0].point for g in ground], 1)
+        pts = torch.cat([g[0].point for g in touching], 1)
         Jc = Jw[:, sidx]
         Jrel = Jc[:, :, :3] - skew(pts) @ Jc[:, :, 3:]  # (B, m, 3, nv)
-        phi_g = torch.cat([g[0].phi for g in ground], 1)
+        phi_g = torch.cat([g[0].phi for g in touching], 1)
         vrel = (Jrel @ v_free[:, None, :, None])[..., 0]
         keep = (phi_g < 2e-3 + 2.0 * dt * vrel.norm(dim=-1)).any(0)
         if bool(keep.any()):
@@ -351,32 +349,16 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
             first = [0]
             for k in counts:
                 first.append(first[-1] + k)
-            keys.extend((*ground[owner[j]][4], j - first[owner[j]]) for j in idx.tolist())
-            nrms.append(torch.cat([g[0].normal for g in ground], 1)[:, idx])
+            keys.extend((*touching[owner[j]][4], j - first[owner[j]]) for j in idx.tolist())
+            nrms.append(torch.cat([g[0].normal for g in touching], 1)[:, idx])
             Js.append(Jrel[:, idx])
             phis.append(phi_g[:, idx])
-            coef = [scene.coefficients(*g[3]) for g in ground]
+            coef = [scene.coefficients(*g[3]) for g in touching]
             at = sidx[idx]
             for out, j in ((mus, 0), (es, 1)):
                 per_shape = torch.cat([torch.as_tensor(c[j], dtype=dtype, device=q.device).expand(B, 1)
                                        for c in coef], 1)
                 out.append(per_shape[:, at])
-    for cand, a, b, (ma, mb, la, lb), gkey in groups:
-        if b is None:
-            continue
-        Jrel = point_jac(a, cand.point) - point_jac(b, cand.point)
-        vrel = (Jrel @ v_free[:, None, :, None])[..., 0]
-        keep = (cand.phi < 2e-3 + 2.0 * dt * vrel.norm(dim=-1)).any(0)
-        if not bool(keep.any()):
-            continue
-        idx = keep.nonzero()[:, 0]
-        keys.extend((*gkey, c) for c in idx.tolist())
-        nrms.append(cand.normal[:, idx])
-        Js.append(Jrel[:, idx])
-        phis.append(cand.phi[:, idx])
-        mu, e = scene.coefficients(ma, mb, la, lb)
-        mus.append(torch.as_tensor(mu, dtype=dtype, device=q.device).expand(B, len(idx)))
-        es.append(torch.as_tensor(e, dtype=dtype, device=q.device).expand(B, len(idx)))
     if nrms:
         nrm = torch.cat(nrms, 1)
         t1, t2 = _tangents(nrm)
