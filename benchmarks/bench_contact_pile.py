@@ -133,7 +133,8 @@ def main(argv=None) -> dict:
             row.update(mujoco_step_ms=mj["step_ms"], mujoco_fd_ms=mj["fd_ms"], mujoco=mj["version"])
         rows.append(row)
         print(f"K={K}: fwd {row['forward_ms_per_step']:.1f} bwd {row['backward_ms_per_step']:.1f} ms/step"
-              + (f" (per model {row['per_model_forward_ms_per_step']:.1f} / {row['per_model_backward_ms_per_step']:.1f})"
+              + (f" (per model {row['per_model_forward_ms_per_step']:.1f} / "
+                 f"{row['per_model_backward_ms_per_step']:.1f})"
                  if args.per_model else "")
               + (f"; MuJoCo step {row['mujoco_step_ms']:.3f}, FD {row['mujoco_fd_ms']:.2f} ms" if mj else ""),
               flush=True)

@@ -320,7 +320,8 @@ def markdown(rep: dict) -> list[str]:
              "GPU: diffmech's torch code on the device (no native kernels there). CPU: the same machine's cores with "
              "the native kernels built (`kernels.prepare`), as a CPU user would run, on one torch thread below "
              f"{rep.get('thread_batch', 1024)} states and on all cores from there on. Ratio = CPU time / GPU time "
-             "(above 1: the GPU is faster). Raw data: `" + rep.get("raw", "benchmarks/results/bench_gpu.json") + "`.", ""]
+             "(above 1: the GPU is faster). Raw data: `"
+             + rep.get("raw", "benchmarks/results/bench_gpu.json") + "`.", ""]
     if rep.get("core"):
         lines += ["### Rigid-body algorithms: states per second", "",
                   "| robot | dtype | algorithm | " + " | ".join(f"B = {b}" for b in _batches(rep)) + " |",
