@@ -194,7 +194,7 @@ def _free_body_dynamics(scene: Scene, free: list[str], qs: dict, vs: dict, ts: d
             jac_world[(n, models[k].link_names[0])] = Jw[:, k]
 
 
-def _advance(scene: Scene, qs: dict, vs: dict, dt: float) -> tuple[Tensor, Tensor]:
+def _advance(scene: Scene, qs: dict, vs: dict, dt: float, free: list[str]) -> tuple[Tensor, Tensor]:
     """Positions from the new velocities. A floating base's linear velocity is held in the base
     frame of step ``k`` through the step (the ``omega x v`` term is added to its rate above), so the
     base moves by ``dt R_k v`` in world axes and its velocity is re-expressed in the new base frame:
@@ -202,8 +202,7 @@ def _advance(scene: Scene, qs: dict, vs: dict, dt: float) -> tuple[Tensor, Tenso
     bodies that only push on each other exactly (integrating the base-frame velocity with ``exp``
     would not, by ``O(dt^2 |omega|^2 |v|)`` per step)."""
     qo, vo = {}, {}
-    free = _free_bodies(scene)
-    if free:  # the same update for all free bodies in one pass
+    if free:  # the same update for all free bodies (see _free_bodies) in one pass
         q, v = torch.stack([qs[n] for n in free], 1), torch.stack([vs[n] for n in free], 1)  # (B, K, .)
         Rk = quat_to_matrix(q[..., 3:7] / q[..., 3:7].norm(dim=-1, keepdim=True))
         vw = (Rk @ v[..., :3, None])[..., 0]
@@ -389,7 +388,7 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
     if not rows:
         if info is not None:
             info.update(candidates=0, iterations=0, residual=0.0, penetration=0.0, lam={})
-        return _advance(scene, qs, vfree, dt)
+        return _advance(scene, qs, vfree, dt, free)
 
     Jc = torch.cat(rows, 1)  # (B, K, 3, nv)
     K = Jc.shape[1]
@@ -421,7 +420,7 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
     else:
         res = pgs(A, c, mu, iterations=scene.iterations, tol=scene.tol, lam0=lam0)
     v1 = v_free + (MinvJt @ res.lam.reshape(B, 3 * K, 1))[..., 0]
-    q1, v1 = _advance(scene, qs, scene.split(v1, "v"), dt)
+    q1, v1 = _advance(scene, qs, scene.split(v1, "v"), dt, free)
     if info is not None:
         lam = res.lam.detach()
         info.update(candidates=K, iterations=res.iterations, residual=res.residual,
