@@ -190,6 +190,11 @@ class DiffEnv(abc.ABC):
             reward ``(B,)`` and terminal flags ``(B,)``; differentiable w.r.t. ``q``, ``v`` and
             ``action``.
         """
+        return self._transition(q, v, t, action)[:5]
+
+    def _transition(self, q: Tensor, v: Tensor, t: Tensor, action: Tensor
+                    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """:meth:`transition` and the ``(B,)`` flags of the states that ran away (:meth:`diverging`)."""
         action = self._check_action(action, q.shape[0])
         q1, v1 = self.simulate(q, v, action)
         obs1, rew, term = self.observe(q1, v1, t + 1), self.reward(q, v, q1, v1, action), self.terminal(q1, v1)
@@ -199,7 +204,7 @@ class DiffEnv(abc.ABC):
             rew = torch.where(bad, torch.zeros_like(rew), rew)
             obs1 = torch.where(bad[:, None], torch.nan_to_num(obs1.detach(), nan=0.0, posinf=0.0, neginf=0.0), obs1)
             term = term | bad
-        return q1, v1, obs1, rew, term
+        return q1, v1, obs1, rew, term, bad
 
     def diverging(self, q1: Tensor, v1: Tensor) -> Tensor:
         """``(B,)`` bool: the state is non-finite or faster than :attr:`max_speed` (see the class)."""
@@ -209,8 +214,7 @@ class DiffEnv(abc.ABC):
                 bad = bad | (v1.abs().amax(-1) > self.max_speed)
         return bad
 
-    def _count_diverged(self, q1: Tensor, v1: Tensor) -> None:
-        bad = self.diverging(q1, v1)
+    def _count_diverged(self, bad: Tensor, v1: Tensor) -> None:
         n = int(bad.sum())
         if n:
             if not self.diverged:
@@ -274,8 +278,8 @@ class DiffEnv(abc.ABC):
         """
         if self.q is None:
             raise OptionError(f"{type(self).__name__}: call reset() before step()")
-        q1, v1, obs1, rew, term = self.transition(self.q, self.v, self.t, action)
-        self._count_diverged(q1, v1)
+        q1, v1, obs1, rew, term, bad = self._transition(self.q, self.v, self.t, action)
+        self._count_diverged(bad, v1)
         t1 = self.t + 1
         trunc = (t1 >= self.horizon) & ~term
         done = term | trunc
