@@ -134,8 +134,8 @@ def _reverse(ctx, gQ, gV, seg, tau, params, aq, av, gtau, gp):
             q1, v1 = contact_step(scene, q, v, u, dt, warm=warm)
             ins = [q, v] + ([tk] if tk is not None else []) + list(params)
             gs = torch.autograd.grad((q1, v1), ins, (aq, av), allow_unused=True)
-        bad = [i for i, g in enumerate(gs) if g is not None and not torch.isfinite(g).all()]
-        if bad:
+        present = [g for g in gs if g is not None]
+        if present and not bool(torch.stack([torch.isfinite(g).all() for g in present]).all()):  # one sync
             raise SimulationError(f"scene rollout backward: non-finite gradient at step {k}")
         aq = gQ[:, k] + (gs[0] if gs[0] is not None else 0)
         av = gV[:, k] + (gs[1] if gs[1] is not None else 0)

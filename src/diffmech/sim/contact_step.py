@@ -341,8 +341,9 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
         Jc = Jw[:, sidx]
         Jrel = Jc[:, :, :3] - skew(pts) @ Jc[:, :, 3:]  # (B, m, 3, nv)
         phi_g = torch.cat([g[0].phi for g in touching], 1)
-        vrel = (Jrel @ v_free[:, None, :, None])[..., 0]
-        keep = (phi_g < 2e-3 + 2.0 * dt * vrel.norm(dim=-1)).any(0)
+        with torch.no_grad():  # a mask only: no graph for the backward pass's recomputation to build
+            vrel = (Jrel @ v_free[:, None, :, None])[..., 0]
+            keep = (phi_g < 2e-3 + 2.0 * dt * vrel.norm(dim=-1)).any(0)
         if bool(keep.any()):
             idx = keep.nonzero()[:, 0]
             first = [0]
@@ -373,7 +374,8 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
             qj, vj = qs[n][:, off:], vs[n][:, m.nv - lo.numel():]
             col = scene.vslices[n].start + m.nv - lo.numel()
             for sign, phi in ((1.0, qj - lo), (-1.0, hi - qj)):
-                keep = (torch.isfinite(phi) & (phi < 2e-3 + 2.0 * dt * vj.abs())).any(0)
+                with torch.no_grad():
+                    keep = (torch.isfinite(phi) & (phi < 2e-3 + 2.0 * dt * vj.abs())).any(0)
                 if not bool(keep.any()):
                     continue
                 idx = keep.nonzero()[:, 0]
@@ -405,7 +407,8 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
     vn_pre = (J @ v[..., None])[..., 0].reshape(B, K, 3)[..., 0]
     cfree = (J @ v_free[..., None])[..., 0].reshape(B, K, 3)
     target = -phi / dt * torch.where(phi >= 0, 1.0, scene.baumgarte)
-    bounce = (vn_pre < -scene.bounce_speed) & (cfree[..., 0] * dt < -phi) & (e > 0)
+    with torch.no_grad():
+        bounce = (vn_pre < -scene.bounce_speed) & (cfree[..., 0] * dt < -phi) & (e > 0)
     target = torch.where(bounce, torch.maximum(target, -e * vn_pre), target)
     c = (cfree - torch.nn.functional.pad(target[..., None], (0, 2))).reshape(B, 3 * K)
     lam0 = None
