@@ -356,6 +356,7 @@ def main(argv=None) -> int:
         md = os.path.join(ROOT, "BENCHMARKS.md")
         text = open(md).read() if os.path.exists(md) else "# Benchmarks\n"
         met = [r for r in rows if r["ratio"] >= TARGET_RATIO]
+        cp512 = next((r for r in rows if r["system"] == "cartpole" and r["B"] == 512), None)
         body = "\n".join([
             MARK_START,
             "## Learned dynamics: one E2E-SyMo training step",
@@ -382,8 +383,9 @@ def main(argv=None) -> int:
             f"{max(repeats // 3, 3)} steps; *CPU ms* is the same median in CPU time of the process's thread "
             "(`time.thread_time`), which the other jobs on the machine inflate less than the wall clock. "
             "*before*: the ratios of the code before the directional backward pass and the in-place jets "
-            "(commit e5db2bd), measured by this script just before this run "
-            "(`benchmarks/results/learn_base_e5db2bd.json`). The last column is the relative difference of the two "
+            "(commit e5db2bd), measured by this script on 2026-11-26T09:08:47 at a load average of about 11 "
+            "(`benchmarks/results/learn_base_e5db2bd.json`; ratios of another run on a loaded machine: compare "
+            "with care). The last column is the relative difference of the two "
             "implementations' parameter gradients at the initial weights (float32; the stopping rules differ).",
             "",
             table(rows),
@@ -397,8 +399,10 @@ def main(argv=None) -> int:
             "Newton one second-order jet per evaluation, 3 evaluations from the seed's guess (9 / 18), the "
             "implicit backward pass two products per midpoint on (value, direction) pairs (8 / 8): 19 / 29 "
             "passes. At B = 512 and w = 256 one pass is 67 MFLOP, ~0.75 ms on one core of this machine at the "
-            "~85 GFLOP/s that MKL reaches, so the cart-pole's products alone take ~22 ms of CPU, a fifth of the "
-            "reference-style step; the rest is elementwise work on the jets. Going further needs fewer "
+            "~85 GFLOP/s that MKL reaches, so the cart-pole's products alone take ~22 ms of CPU"
+            + (f", where 5x the reference-style step leaves {cp512['ref_ms'] / TARGET_RATIO:.0f} ms for everything"
+               if cp512 else "")
+            + "; the rest is elementwise work on the jets. Going further needs fewer "
             "second-order evaluations per solve. Tried and not kept: first-order evaluations with the last "
             "exact second-derivative term of the Jacobian at iterates predicted (from Newton's observed "
             "quadratic rate) not to converge; on the cart-pole at B = 512 the saved passes went into extra "

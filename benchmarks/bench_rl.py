@@ -161,11 +161,42 @@ def time_mujoco(model, datas: list, initial: np.ndarray, control: np.ndarray, po
     return time.perf_counter() - t0, time.process_time() - c0
 
 
-def _time_interleaved(env, actions, model, initial, control, mj_threads: int, repeats: int):
+def gymnasium_ant(batch: int):
+    """gymnasium's own MuJoCo Ant (``Ant-v5``: its ``ant.xml``, RK4 at 0.01 s, frame skip 5), one
+    environment or a ``SyncVectorEnv`` of ``batch``; ``None`` when gymnasium's MuJoCo environments do not
+    import (they need the ``mujoco`` and ``imageio`` packages)."""
+    try:
+        import gymnasium
+        if batch == 1:
+            return gymnasium.make("Ant-v5")
+        return gymnasium.make_vec("Ant-v5", num_envs=batch, vectorization_mode="sync")
+    except Exception as e:  # noqa: BLE001 - any import or registration failure means "not installable here"
+        print(f"gymnasium's Ant-v5 not available: {type(e).__name__}: {e}", flush=True)
+        return None
+
+
+def time_gymnasium(genv, actions: np.ndarray) -> tuple[float, float]:
+    """Wall-clock and CPU seconds of ``actions.shape[0]`` steps of gymnasium's environment ``genv`` (one
+    environment: finished episodes reset inside the timing, as a vector environment's autoreset does)."""
+    genv.reset(seed=0)
+    vector = actions.ndim == 3 and hasattr(genv, "num_envs")
+    t0, c0 = time.perf_counter(), time.process_time()
+    for k in range(actions.shape[0]):
+        if vector:
+            genv.step(actions[k])
+        else:
+            _, _, term, trunc, _ = genv.step(actions[k, 0])
+            if term or trunc:
+                genv.reset()
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def _time_interleaved(env, actions, model, initial, control, mj_threads: int, repeats: int, extra=None):
     """Wall and CPU seconds of each variant -- diffmech with and without gradients, MuJoCo's
     ``rollout`` with a thread pool made once (as a training loop would keep it) and, with more than
-    one thread, without one -- after one warm-up call each (kernels, thread pools), ``repeats``
-    times interleaved so that a load change hits every column alike."""
+    one thread, without one, and the timers in ``extra`` (name -> function) -- after one warm-up call
+    each (kernels, thread pools), ``repeats`` times interleaved so that a load change hits every column
+    alike."""
     import mujoco
     from mujoco import rollout
 
@@ -177,6 +208,7 @@ def _time_interleaved(env, actions, model, initial, control, mj_threads: int, re
              "mujoco_1": lambda: time_mujoco(model, datas, initial, control)}
     if mj_threads == 1:
         kinds.pop("mujoco_1")
+    kinds.update(extra or {})
     for f in kinds.values():
         f()
     times: dict[str, list[float]] = {k: [] for k in kinds}
@@ -262,9 +294,20 @@ def measure_ant(batch: int, steps: int, repeats: int, mj_threads: int, device: s
         data.qpos[:], data.qvel[:] = qpos[b], qvel[b]
         mujoco.mj_getState(model, data, initial[b], spec)
     control = np.ascontiguousarray(np.repeat(actions.permute(1, 0, 2).cpu().numpy(), env.frame_skip, axis=1))
-    kinds, times, cpu = _time_interleaved(env, actions, model, initial, control, mj_threads, repeats)
-    return _summarise({"batch": batch, "steps": steps, "frame_skip": env.frame_skip, "sim_dt": env.sim_dt},
+    genv = gymnasium_ant(batch)
+    extra = {}
+    if genv is not None:
+        acts = np.ascontiguousarray(actions.cpu().numpy())
+        extra["gymnasium"] = lambda: time_gymnasium(genv, acts)
+    kinds, times, cpu = _time_interleaved(env, actions, model, initial, control, mj_threads, repeats, extra)
+    if genv is not None:
+        genv.close()
+    cell = _summarise({"batch": batch, "steps": steps, "frame_skip": env.frame_skip, "sim_dt": env.sim_dt},
                       kinds, times, cpu, batch * steps)
+    if "gymnasium" in kinds:
+        cell["gymnasium_over_grad"] = cell["gymnasium_steps_per_s"] / cell["grad_steps_per_s"]
+        cell["gymnasium_over_grad_cpu"] = cell["gymnasium_steps_per_cpu_s"] / cell["grad_steps_per_cpu_s"]
+    return cell
 
 
 def ant_section(rep: dict) -> list[str]:
@@ -285,17 +328,30 @@ def ant_section(rep: dict) -> list[str]:
              "*with gradients* = the steps with a graph plus `backward()` of the summed reward to every action. "
              "MuJoCo: the Ant's twin built by `diffmech.rl.transplant.mujoco_ant` (same geometry and masses, `Euler`, "
              f"0.01 s, soft contacts), the same controls held for 5 MuJoCo steps, `mujoco.rollout` on {mj} threads "
-             "and on one, no gradients.", "",
+             "and on one, no gradients. gymnasium's `Ant-v5` (where it imports): its own model (`ant.xml`: RK4 "
+             "at 0.01 s, frame skip 5, another torso and leg geometry, soft contacts), the same actions through "
+             "`env.step` (one environment) or a `SyncVectorEnv`, resets included, no gradients: what an RL user "
+             "steps today.", "",
              "| Ants | diffmech with gradients (steps/s) | diffmech no graph (steps/s) | "
              f"MuJoCo rollout, {mj} threads (steps/s) | MuJoCo rollout, 1 thread (steps/s) | "
              "MuJoCo (the faster) / diffmech with gradients | MuJoCo / diffmech no graph | "
              "per CPU-second: MuJoCo 1 thread / diffmech with gradients |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    gym = any("gymnasium_steps_per_s" in c for c in cells)
+    if gym:
+        lines[-2] = lines[-2][:-1] + ("| gymnasium `Ant-v5` (steps/s) | gymnasium / diffmech with gradients | "
+                                      "per CPU-second: gymnasium / diffmech with gradients |")
+        lines[-1] += "---:|---:|---:|"
     for c in cells:
         one = _rate(c["mujoco_1_steps_per_s"]) if "mujoco_1_steps_per_s" in c else "n/a"
-        lines.append(f"| {c['batch']} | {_rate(c['grad_steps_per_s'])} | {_rate(c['nograd_steps_per_s'])} | "
-                     f"{_rate(c['mujoco_steps_per_s'])} | {one} | {_ratio(c['mujoco_over_grad'])} | "
-                     f"{_ratio(c['mujoco_over_nograd'])} | {_ratio(c['mujoco_over_grad_cpu'])} |")
+        row = (f"| {c['batch']} | {_rate(c['grad_steps_per_s'])} | {_rate(c['nograd_steps_per_s'])} | "
+               f"{_rate(c['mujoco_steps_per_s'])} | {one} | {_ratio(c['mujoco_over_grad'])} | "
+               f"{_ratio(c['mujoco_over_nograd'])} | {_ratio(c['mujoco_over_grad_cpu'])} |")
+        if gym:
+            row += (f" {_rate(c['gymnasium_steps_per_s'])} | {_ratio(c['gymnasium_over_grad'])} | "
+                    f"{_ratio(c['gymnasium_over_grad_cpu'])} |"
+                    if "gymnasium_steps_per_s" in c else " n/a | n/a | n/a |")
+        lines.append(row)
     per = ", ".join(f"{c['batch']} Ant(s): {_ratio(c['mujoco_over_grad_cpu'])}" for c in cells)
     cost = ", ".join(f"{c['grad_over_nograd_time']:.1f}x at {c['batch']}" for c in cells)
     lines += ["", f"What the ratios say: per CPU-second MuJoCo (no gradient) takes more Ant steps than diffmech with "
@@ -386,7 +442,9 @@ def markdown(rep: dict) -> str:
               "more rollouts per action (see *Contact rollouts* for `mjd_transitionFD`).", "",
               f"Raw data: `{rep.get('json_path', 'benchmarks/results/bench_rl.json')}`."]
     lines += ant_section(rep)
-    lines += ["", "Not measured yet: gymnasium's own MuJoCo Ant (its `ant.xml`, RK4), a GPU.", MARK_END]
+    if not any("gymnasium_steps_per_s" in c for c in rep.get("ant_cells") or []):
+        lines += ["", "Not measured: gymnasium's own MuJoCo Ant (it did not import in this run)."]
+    lines += ["", "GPU: see *diffmech on a GPU vs on the CPU cores of the same machine*.", MARK_END]
     return "\n".join(lines)
 
 

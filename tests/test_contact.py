@@ -480,3 +480,30 @@ def test_free_bodies_together_equal_the_per_model_path(monkeypatch):
     per_model, together = run(False), run(True)
     for name, a, b in zip(("Q", "V", "dv0", "dtau", "dmass", "dinertia"), together, per_model):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_contact_step_any_batch_shape_and_bad_shapes():
+    """``diffmech.sim.contact_step`` takes ``(..., n)`` like the rest of the library: an unbatched state
+    and a (2, 3) batch give the rows of the flattened call; a wrong width is a ShapeError naming it."""
+    from diffmech.errors import ShapeError
+    from diffmech.sim import contact_step
+
+    scene = Scene([systems.sphere(0.1, 1.0, name="ball"), systems.box((0.2, 0.3, 0.1), 2.0, name="crate")])
+    q, v = _state(scene, ball=(0.0, 0.0, 0.095), crate=(0.5, 0.0, 0.049))
+    v[scene.slices["ball"]][0] = 0.3
+    g = torch.Generator().manual_seed(0)
+    Q = q.expand(2, 3, -1).clone()
+    V = v + 0.1 * torch.rand(2, 3, scene.nv, generator=g, dtype=F64)
+    tau = torch.rand(2, 3, scene.nv, generator=g, dtype=F64)
+    q1, v1 = contact_step(scene, Q.reshape(6, -1), V.reshape(6, -1), tau.reshape(6, -1), 1e-3)
+    q2, v2 = contact_step(scene, Q, V, tau, 1e-3)
+    assert q2.shape == (2, 3, scene.nq) and v2.shape == (2, 3, scene.nv)
+    torch.testing.assert_close(q2.reshape(6, -1), q1, rtol=0, atol=1e-14)
+    torch.testing.assert_close(v2.reshape(6, -1), v1, rtol=0, atol=1e-14)
+    q3, v3 = contact_step(scene, Q[1, 2], V[1, 2], tau[1, 2], 1e-3)  # unbatched
+    assert q3.shape == (scene.nq,)
+    torch.testing.assert_close(v3, v1[5], rtol=0, atol=1e-14)
+    with pytest.raises(ShapeError, match="tau"):
+        contact_step(scene, Q, V, tau[..., :-1], 1e-3)
+    with pytest.raises(ShapeError, match="broadcast"):
+        contact_step(scene, Q, V, tau[:, :2], 1e-3)

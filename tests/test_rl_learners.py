@@ -194,3 +194,5 @@ def test_action_jacobian_equals_row_by_row_autograd(env_kind):
                         for i in range(outs.shape[1])], 1)
     torch.testing.assert_close(J, rows, rtol=1e-9, atol=1e-10)
     assert float(J.abs().max()) > 0
+    alg.JACOBIAN_REPEAT_ROWS = 0  # the path of large batches: one step, a backward pass per row
+    torch.testing.assert_close(alg.action_jacobian(q, v, t, a0), J, rtol=1e-9, atol=1e-10)

@@ -34,7 +34,7 @@ from ..contact.smooth import smooth_solve
 from ..dynamics._jacobian import JACOBIAN_MAX_BATCH, one_thread
 from ..dynamics.free_flyer import free_flyer_integrate
 from ..dynamics.kinematics import poses_and_world_jacobians
-from ..errors import ModelError
+from ..errors import ModelError, ShapeError
 from ..model.collision import Shape
 from ..spatial import quat_to_matrix, rpy_to_matrix, skew
 from .scene import GROUND, Scene
@@ -232,7 +232,8 @@ def _advance(scene: Scene, qs: dict, vs: dict, dt: float, free: list[str]) -> tu
 
 def contact_step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict | None = None,
                  warm: dict | None = None) -> tuple[Tensor, Tensor]:
-    """Advance ``(q (B, nq), v (B, nv))`` by ``dt`` under joint forces ``tau (B, nv)``.
+    """Advance ``(q (..., nq), v (..., nv))`` by ``dt`` under joint forces ``tau (..., nv)`` (the batch
+    dims broadcast; one step of the scene's own rollout, where they are flattened to one).
 
     ``info`` (a dict), when given, receives ``candidates`` (blocks solved), ``iterations``,
     ``residual`` (the solver's last relative impulse change), ``penetration`` (deepest, m) and
@@ -240,10 +241,27 @@ def contact_step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, inf
     back as ``warm`` starts the next step's solver from them (a resting stack then needs a few
     sweeps instead of hundreds).
     """
+    for name, x, n in (("q", q, scene.nq), ("v", v, scene.nv), ("tau", tau, scene.nv)):
+        if not isinstance(x, Tensor) or x.dim() < 1 or x.shape[-1] != n:
+            raise ShapeError(f"contact_step: {name} must be a tensor (..., {n}) for this scene, got "
+                             f"{tuple(getattr(x, 'shape', ())) if isinstance(x, Tensor) else type(x).__name__}")
+    if q.dim() == 2 and v.shape == (q.shape[0], scene.nv) and tau.shape == v.shape:
+        batch = None
+    else:  # any other batch shape: broadcast and flatten to (B, n), the solver's layout
+        try:
+            batch = torch.broadcast_shapes(q.shape[:-1], v.shape[:-1], tau.shape[:-1])
+        except RuntimeError:
+            raise ShapeError(f"contact_step: the batch dims of q {tuple(q.shape)}, v {tuple(v.shape)} and tau "
+                             f"{tuple(tau.shape)} do not broadcast") from None
+        q, v, tau = (x.expand(*batch, x.shape[-1]).reshape(-1, x.shape[-1]) for x in (q, v, tau))
     if q.shape[0] <= JACOBIAN_MAX_BATCH:
         with one_thread():  # small dense solves: threads only wait for each other (see one_thread)
-            return _step(scene, q, v, tau, dt, info, warm)
-    return _step(scene, q, v, tau, dt, info, warm)
+            q1, v1 = _step(scene, q, v, tau, dt, info, warm)
+    else:
+        q1, v1 = _step(scene, q, v, tau, dt, info, warm)
+    if batch is not None:
+        q1, v1 = q1.reshape(*batch, scene.nq), v1.reshape(*batch, scene.nv)
+    return q1, v1
 
 
 def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict | None, warm: dict | None
