@@ -328,3 +328,29 @@ def test_real_robots(key):
     want = torch.autograd.grad(_torch(robot, "inverse_dynamics", args).square().sum(), args + params)
     for a, b in zip(got, want):
         assert rel_err(a, b) < 1e-10
+
+
+def test_a_missing_kernel_raises_a_fresh_error_each_call(tmp_path, monkeypatch):
+    """A kernel looked up while it is not built raises a new ``NotBuilt`` each time. Re-raising one stored
+    instance chained every call's traceback (and the frames and tensors it holds) onto it: a memory leak
+    that grew with every simulator step of a robot whose kernels were not prepared."""
+    from diffmech.dynamics.kernel_store import NotBuilt
+
+    monkeypatch.setenv("DIFFMECH_CACHE_DIR", str(tmp_path))  # an empty store
+    monkeypatch.setattr(kernels, "_MEMO", {})  # and nothing loaded in this process
+    model = systems.double_pendulum()
+    call = kernels.NativeCall(model.tree, "inverse_dynamics", True, False, build=False)
+
+    def depth(err):
+        n, tb = 0, err.__traceback__
+        while tb is not None:
+            n, tb = n + 1, tb.tb_next
+        return n
+
+    errs = []
+    for _ in range(4):
+        with pytest.raises(NotBuilt) as info:
+            call.kernel(F64)
+        errs.append(info.value)
+    assert len({id(e) for e in errs}) == len(errs)
+    assert depth(errs[-1]) <= depth(errs[1])  # no traceback accumulates across calls

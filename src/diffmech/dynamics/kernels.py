@@ -15,6 +15,7 @@ inputs and, summed over the batch, of the model constants that need one (learnab
 
 from __future__ import annotations
 
+import copy
 import contextlib
 import functools
 import hashlib
@@ -140,17 +141,19 @@ def get_kernel(tree: KinematicTree, spec: KernelSpec, build: bool = True) -> Lan
     if isinstance(hit, LaneKernel):
         return hit
     if hit is not None and not (isinstance(hit, NotBuilt) and build):
-        raise hit
+        # a fresh copy: re-raising the memoised instance would chain every call's traceback onto it,
+        # and with them the frames and tensors of every call (memory growing with each step)
+        raise copy.copy(hit)
     if spec.dtype not in _DTYPES:
         err = NativeUnavailable(f"native kernels: dtype {spec.dtype} (float64 and float32 only)")
-        _MEMO[key] = err
+        _MEMO[key] = copy.copy(err)
         raise err
     name = f"{tree.name} {spec.algorithm}{' vjp' if spec.vjp else ''} {str(spec.dtype).removeprefix('torch.')}"
     with _LOCK:
         try:
             k = lane_kernel(key, name, _build(tree, spec) if build else None)
         except NativeUnavailable as err:
-            _MEMO[key] = err
+            _MEMO[key] = copy.copy(err)  # without the traceback (and its frames)
             raise
         _MEMO[key] = k
         _BUILT[0] += 1
@@ -206,11 +209,11 @@ class NativeCall:
             return k
         miss = self._missing.get(key)
         if miss is not None and miss[0] == _BUILT[0]:  # nothing was built since it was found missing
-            raise miss[1]
+            raise copy.copy(miss[1])  # a fresh instance: see get_kernel
         try:
             k = get_kernel(self.tree, self.spec(dtype, vjp, fields), self.build)
         except NativeUnavailable as err:
-            self._missing[key] = (_BUILT[0], err)
+            self._missing[key] = (_BUILT[0], copy.copy(err))
             raise
         self._kernels[key] = k
         return k
