@@ -334,10 +334,12 @@ def test_a_missing_kernel_raises_a_fresh_error_each_call(tmp_path, monkeypatch):
     """A kernel looked up while it is not built raises a new ``NotBuilt`` each time. Re-raising one stored
     instance chained every call's traceback (and the frames and tensors it holds) onto it: a memory leak
     that grew with every simulator step of a robot whose kernels were not prepared."""
+    from diffmech.dynamics import kernel_store
     from diffmech.dynamics.kernel_store import NotBuilt
 
     monkeypatch.setenv("DIFFMECH_CACHE_DIR", str(tmp_path))  # an empty store
     monkeypatch.setattr(kernels, "_MEMO", {})  # and nothing loaded in this process
+    monkeypatch.setattr(kernel_store, "_MEMO", {})
     model = systems.double_pendulum()
     call = kernels.NativeCall(model.tree, "inverse_dynamics", True, False, build=False)
 
