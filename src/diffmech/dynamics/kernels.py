@@ -15,8 +15,8 @@ inputs and, summed over the batch, of the model constants that need one (learnab
 
 from __future__ import annotations
 
-import copy
 import contextlib
+import copy
 import functools
 import hashlib
 import itertools
