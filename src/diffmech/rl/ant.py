@@ -60,6 +60,9 @@ class Ant(DiffEnv):
         friction: Coulomb coefficient of the feet on the ground.
         iterations: projected Gauss-Seidel sweeps per substep (the solver starts from the last
             substep's impulses while stepping).
+        contact_solver, smoothing, friction_smoothing: the scene's contact model (:class:`~diffmech.sim.Scene`):
+            ``"pgs"`` (hard contacts, default) or ``"smooth"`` (the relaxed problem, whose gradients see
+            contacts about to be made or broken), with its ``kappa`` and ``eps``.
         device, dtype: of the simulation (float64 by default: float32 contact impulses of a light robot
             under 150 N m motors lose too many digits for the finite-difference tests).
         seed: of the start states.
@@ -68,8 +71,9 @@ class Ant(DiffEnv):
     def __init__(self, num_envs: int = 1, *, frame_skip: int = 5, sim_dt: float = 0.01, horizon: int = 1000,
                  ctrl_cost_weight: float = 0.5, healthy_reward: float = 1.0,
                  healthy_z_range: tuple[float, float] = (0.2, 1.0), reset_noise: float = 0.1, geometry=None,
-                 friction: float = 1.0, iterations: int = 50, device: torch.device | str | None = None,
-                 dtype: torch.dtype = torch.float64, seed: int | None = None):
+                 friction: float = 1.0, iterations: int = 50, contact_solver: str = "pgs",
+                 smoothing: float = 1e-6, friction_smoothing: float = 1e-4,
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float64, seed: int | None = None):
         from ..model.ant import AntGeometry
         from ..sim.scenes import ant
 
@@ -90,6 +94,14 @@ class Ant(DiffEnv):
         self.geometry = geometry or AntGeometry()
         self.scene, q0, v0 = ant(self.geometry, friction=friction, dtype=dtype, device=device)
         self.scene.iterations = iterations
+        if contact_solver not in ("pgs", "smooth"):
+            raise OptionError(f"Ant: contact_solver must be 'pgs' or 'smooth', got {contact_solver!r}")
+        if not (isinstance(smoothing, (int, float)) and isinstance(friction_smoothing, (int, float))
+                and smoothing > 0 and friction_smoothing > 0):
+            raise OptionError(f"Ant: smoothing and friction_smoothing must be positive numbers, got {smoothing!r}, "
+                              f"{friction_smoothing!r}")
+        self.scene.solver = contact_solver
+        self.scene.smoothing, self.scene.friction_smoothing = float(smoothing), float(friction_smoothing)
         self.q_start, self.v_start = q0, v0
         self.frame_skip, self.sim_dt = frame_skip, float(sim_dt)
         self.ctrl_cost_weight, self.healthy_reward = float(ctrl_cost_weight), float(healthy_reward)
