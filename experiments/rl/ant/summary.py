@@ -39,7 +39,12 @@ def main(root: Path) -> None:
             if f.exists():
                 t = json.loads(f.read_text())
                 tp.append(f"{t['policy_return']:.1f} ({t['diffmech_return']:.1f})")
-        label = ALGOS.get(name.split("_")[0], name) + (", 900 s" if name.endswith("_long") else ", 300 s")
+        cfg = json.loads((dirs[0] / "config.json").read_text())
+        cap, wall = cfg.get("max_wall_s") or float("inf"), max(m["wall_s"] for m in ms)
+        label = ALGOS.get(name.split("_")[0], name) + (f", {cap:.0f} s" if wall >= 0.95 * cap else
+                                                       f", {wall:.0f} s (its step budget)")
+        if cfg.get("env_kwargs", {}).get("contact_solver") == "smooth":
+            label += ", smooth contacts"
         steps = ", ".join(str(m["env_steps"]) for m in ms)
         best = ", ".join(f"{m['max_return']:.1f}" for m in ms)
         final = ", ".join(f"{m['final_return']:.1f}" for m in ms)
