@@ -253,3 +253,65 @@ def test_gymnasium_env_checker_passes():
     for _ in range(2):
         obs, r, term, trunc, info = venv.step(np.zeros((2, 8), np.float32))
     assert trunc.all() and r.shape == (2,)
+
+
+# Two Ants' states (hex floats, exact) from 64 Ants under random bang-bang torques with the smooth
+# contact model, at the step where the batch's solve failed: the first Ant's own problem converges
+# directly, the second's needs the solver's continuation.
+_TWO_ANTS_Q = (
+    (
+        "-0x1.386e62d35ceeap+1", "0x1.b7fa070d46cd9p-1", "0x1.b0a5876f6f4d1p-1", "0x1.f0992bbfe2125p-3",
+        "-0x1.de4056cf5a5c9p-4", "-0x1.1ba0f0a17d47fp-1", "0x1.9360248b01519p-1", "-0x1.713ab022a12e1p-3",
+        "0x1.56e073b26a1b1p-1", "0x1.71b9496f30f6cp-3", "0x1.bccb0b7b58fa9p-1", "0x1.38bc7a42b41ecp-2",
+        "0x1.00bfdf2638dccp+0", "0x1.0c152348cc666p-1", "0x1.38c353fbb98abp+0",
+    ),
+    (
+        "0x1.354536f0b86fep-1", "0x1.3bb4de17eec30p+0", "0x1.434f07e42cd14p-2", "-0x1.e3b6ca3646ba3p-1",
+        "0x1.89d9e2af3a328p-3", "0x1.f969b382b8065p-3", "0x1.905ff6e648704p-4", "0x1.0c15234945cecp-1",
+        "0x1.0c1523bc7cbc6p-1", "0x1.048ec44999a57p-1", "0x1.00a601c943427p+0", "0x1.a2d51feffa5b2p-2",
+        "0x1.0c15238c2b98cp-1", "-0x1.0c152348f027dp-1", "0x1.0c1523bc606d4p-1",
+    ),
+)
+_TWO_ANTS_V = (
+    (
+        "-0x1.192549892933ap+0", "-0x1.3bcc895001e90p-1", "0x1.28cbc09df8c1ap+0", "0x1.cbc8a737b0a03p+0",
+        "-0x1.48dd82601be14p+0", "0x1.11247a6cc6616p+0", "-0x1.8d64a861e772bp-2", "0x1.73c274139bf0dp+2",
+        "0x1.984e41504ab99p-2", "0x1.66aae1eed991ap-2", "-0x1.ce4ef8c0db181p+2", "-0x1.cf8b5ff394a95p+2",
+        "-0x1.b2529b0000000p-28", "-0x1.0379078000000p-27",
+    ),
+    (
+        "0x1.89bfc9fb34558p-4", "0x1.0f7996c9628fcp+0", "-0x1.e470be8c517b2p-4", "0x1.7aba4b7e2fce8p+1",
+        "-0x1.6eff923872e54p-2", "-0x1.73041e47258f2p+1", "-0x1.b422f40000000p-30", "0x1.56680e0000000p-29",
+        "-0x1.783e8fec8191cp+0", "-0x1.d0bbea2f3cde4p+2", "0x1.e0ea4e95cf9cdp+2", "-0x1.435503c69ef42p+2",
+        "0x1.4af7910000000p-28", "0x1.8092190000000p-28",
+    ),
+)
+_TWO_ANTS_ACTION = ((1, -1, -1, 1, -1, 1, 1, -1), (1, 1, -1, -1, 1, 1, 1, -1))
+
+
+def test_smooth_contacts_step_each_environment_as_if_alone():
+    """The batch dimension holds independent environments: two Ants stepped together by the smooth
+    contact model take the steps each takes alone. (The solver used to send every environment of a
+    batch through its continuation when one needed it; the first Ant's path through it failed.)"""
+    from diffmech.sim import contact_step
+
+    env = Ant(2, contact_solver="smooth")
+    q = torch.tensor([[float.fromhex(x) for x in row] for row in _TWO_ANTS_Q], dtype=F64)
+    v = torch.tensor([[float.fromhex(x) for x in row] for row in _TWO_ANTS_V], dtype=F64)
+    tau = torch.cat([torch.zeros(2, 6, dtype=F64), env.max_torque * torch.tensor(_TWO_ANTS_ACTION, dtype=F64)], -1)
+    both, alone = (q, v), [(q[i:i + 1], v[i:i + 1]) for i in range(2)]
+    warm: list[dict] = [{}, {}, {}]  # each substep starts from the last one's impulses, as Ant.simulate does
+
+    def substep(k, state, tau_k):
+        info: dict = {}
+        out = contact_step(env.scene, *state, tau_k, env.sim_dt, info, warm=warm[k])
+        warm[k] = info["lam"]
+        return out
+
+    for _ in range(env.frame_skip):
+        both = substep(0, both, tau)
+        alone = [substep(1 + i, s, tau[i:i + 1]) for i, s in enumerate(alone)]
+    # the batch's candidate set is the union of both: the far candidates' relaxed impulses (~kappa / gap)
+    # are the only difference
+    torch.testing.assert_close(both[0], torch.cat([s[0] for s in alone]), rtol=0, atol=1e-7)
+    torch.testing.assert_close(both[1], torch.cat([s[1] for s in alone]), rtol=0, atol=1e-5)

@@ -92,26 +92,29 @@ def smooth_solve(A: Tensor, c: Tensor, mu: Tensor, lam0: Tensor, *, kappa: float
     x0 = lam0.detach().reshape(B, 3 * K)
     scale = 1.0 + torch.maximum(c.detach().abs().amax(-1), x0.abs().amax(-1))
 
-    def solve(x0, k, e, params):
+    def solve(x0, k, e, params, sc=scale):
         def residual(x, A, c, mu):
             return smooth_residual(x, A, c, mu, k, e)
 
         def jacobian(x, A, c, mu):
             return smooth_jacobian(x, A, c, mu, k, e)
 
-        return newton_solve(residual, x0, params, tol=tol * scale, max_iter=max_iter, jacobian=jacobian,
+        return newton_solve(residual, x0, params, tol=tol * sc, max_iter=max_iter, jacobian=jacobian,
                             raise_on_failure=False, context="smooth contact solve")
 
     x, status = solve(x0, kappa, eps, (A, c, mu))
     its = status.iterations
     if not bool(status.converged.all()):
-        # Continuation: the strongly relaxed problem is nearly linear; tighten it step by step from
-        # its root. Only the last solve carries the gradient (the root does not depend on x0).
-        x1, plain = x0, tuple(t.detach() for t in (A, c, mu))
+        # Continuation, for the environments that did not converge only: the strongly relaxed problem
+        # is nearly linear; tighten it step by step from its root. The others keep their roots (the
+        # environments are independent: a path through the relaxed problems may fail where the direct
+        # one succeeded). Only the last solve carries the gradient (the root does not depend on x0).
+        bad = (~status.converged).nonzero()[:, 0]
+        x1, plain = x0[bad], tuple(t.detach()[bad] for t in (A, c, mu))
         for f in (1e6, 1e4, 1e2):
-            x1, st = solve(x1, kappa * f, eps * f, plain)
+            x1, st = solve(x1, kappa * f, eps * f, plain, scale[bad])
             its += st.iterations
-        x, status = solve(x1.detach(), kappa, eps, (A, c, mu))
+        x, status = solve(x.detach().index_put((bad,), x1.detach()), kappa, eps, (A, c, mu))
         its += status.iterations
     if not bool(status.converged.all()):
         bad = (~status.converged).nonzero()[:, 0].tolist()
