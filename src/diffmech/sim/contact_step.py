@@ -25,6 +25,8 @@ rollout's checkpointed backward recomputes a step under autograd and differentia
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor
 
@@ -254,10 +256,8 @@ def contact_step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, inf
             raise ShapeError(f"contact_step: the batch dims of q {tuple(q.shape)}, v {tuple(v.shape)} and tau "
                              f"{tuple(tau.shape)} do not broadcast") from None
         q, v, tau = (x.expand(*batch, x.shape[-1]).reshape(-1, x.shape[-1]) for x in (q, v, tau))
-    if q.shape[0] <= JACOBIAN_MAX_BATCH:
-        with one_thread():  # small dense solves: threads only wait for each other (see one_thread)
-            q1, v1 = _step(scene, q, v, tau, dt, info, warm)
-    else:
+    # small dense solves: threads only wait for each other (see one_thread)
+    with one_thread() if q.shape[0] <= JACOBIAN_MAX_BATCH else contextlib.nullcontext():
         q1, v1 = _step(scene, q, v, tau, dt, info, warm)
     if batch is not None:
         q1, v1 = q1.reshape(*batch, scene.nq), v1.reshape(*batch, scene.nv)
