@@ -29,13 +29,28 @@ def _problem(seed: int, B: int = 3, K: int = 4):
     return A, c, mu
 
 
-def test_jacobian_is_the_residuals():
+@pytest.mark.parametrize("scaled", [False, True])
+def test_jacobian_is_the_residuals(scaled):
     A, c, mu = _problem(0)
     x = torch.randn(3, 12, generator=torch.Generator().manual_seed(1), **f64)
-    got = smooth_jacobian(x, A, c, mu, 1e-3, 1e-2)
-    want = torch.func.vmap(torch.func.jacrev(lambda x, A, c, mu: smooth_residual(x[None], A[None], c[None], mu[None],
-                                                                                    1e-3, 1e-2)[0]))(x, A, c, mu)
+    s0 = 0.01 + torch.rand(3, 4, generator=torch.Generator().manual_seed(2), **f64) if scaled else None
+    got = smooth_jacobian(x, A, c, mu, 1e-3, 1e-2, s0)
+    want = torch.func.vmap(torch.func.jacrev(
+        lambda x, A, c, mu, s0: smooth_residual(x[None], A[None], c[None], mu[None], 1e-3, 1e-2,
+                                                None if s0 is None else s0[None])[0]),
+        in_dims=(0, 0, 0, 0, 0 if scaled else None))(x, A, c, mu, s0)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def quotient_residual(lam: torch.Tensor, A, c, mu, kappa: float, eps: float) -> torch.Tensor:
+    """The relaxed laws as the module states them (friction as ``lam_t + mu lam_n w_t / speed``),
+    written out independently of the form the solver iterates on. (B, K, 3)."""
+    B, K, _ = lam.shape
+    w = ((A @ lam.reshape(B, -1, 1))[..., 0] + c).reshape(B, K, 3)
+    ln, wn, lt, wt = lam[..., 0], w[..., 0], lam[..., 1:], w[..., 1:]
+    rn = ln + wn - torch.sqrt(ln ** 2 + wn ** 2 + 2 * kappa)
+    rt = lt + (mu * ln / torch.sqrt((wt ** 2).sum(-1) + eps ** 2))[..., None] * wt
+    return torch.cat([rn[..., None], rt], -1)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -46,6 +61,7 @@ def test_root_and_gradient(seed):
     assert rel < 1e-9
     r = smooth_residual(lam.reshape(2, -1), A, c, mu, 1e-3, 1e-2)
     assert float(r.abs().amax()) < 1e-8
+    assert float(quotient_residual(lam, A, c, mu, 1e-3, 1e-2).abs().amax()) < 1e-8
     assert bool((lam[..., 0] > 0).all())  # relaxed: every normal impulse is positive
 
     def f(c, mu):

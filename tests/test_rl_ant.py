@@ -315,3 +315,48 @@ def test_smooth_contacts_step_each_environment_as_if_alone():
     # are the only difference
     torch.testing.assert_close(both[0], torch.cat([s[0] for s in alone]), rtol=0, atol=1e-7)
     torch.testing.assert_close(both[1], torch.cat([s[1] for s in alone]), rtol=0, atol=1e-5)
+
+
+# One Ant (of 64 under bang-bang torques, seed 0, step 136, a substep's start) whose smooth contact
+# problem Newton's method did not solve in the quotient form of the friction law, cold or warm
+# started, with or without continuation.
+_HARD_ANT_Q = ("-0x1.d1a15608483bbp-2", "-0x1.3ba395f242b28p+0", "0x1.8e1ab3742a6e8p-1", "0x1.58b34a53a6c6dp-4",
+               "-0x1.f20813b373ed7p-3", "0x1.7d0cbc993648ap-3", "0x1.e580048b3c3fdp-1", "-0x1.84075f181e2cep-2",
+               "0x1.38c353fbc542cp+0", "0x1.83258591a8410p-2", "0x1.0c1523bb5b8d8p-1", "0x1.82f2fbf9e1760p-2",
+               "0x1.562d5f451fabbp-1", "0x1.821dc745eaf48p-2", "0x1.38c353fc5f885p+0")
+_HARD_ANT_V = ("0x1.3cfc110c2dfa4p-1", "-0x1.7ce53cea1f349p-1", "-0x1.23fc151467261p-1", "-0x1.e561a3cf9a587p-1",
+               "0x1.0edfd537efe3ap+1", "0x1.1cb847eb9b6bdp+0", "0x1.6fd785070fa63p+2", "-0x1.3069370000000p-28",
+               "-0x1.734cfeaa05e90p+2", "-0x1.30a8d28000000p-27", "-0x1.724072b581746p+2", "0x1.6d80250702a25p+2",
+               "-0x1.7433a1b794a1bp+2", "0x1.073af40000000p-27")
+_HARD_ANT_ACTION = (1, 1, -1, -1, -1, 1, -1, 1)
+
+
+def test_smooth_contacts_solve_a_problem_the_quotient_form_stalled_on(monkeypatch):
+    """The smooth solve converges on that Ant's contact problem, and its impulses satisfy the relaxed
+    laws as written (the quotient form, evaluated independently) to the solver's tolerance."""
+    import importlib
+
+    from test_contact_smooth import quotient_residual
+
+    step_module = importlib.import_module("diffmech.sim.contact_step")
+    seen = []
+    solve = step_module.smooth_solve
+
+    def recording(A, c, mu, lam0, **kw):
+        out = solve(A, c, mu, lam0, **kw)
+        seen.append((A, c, mu, kw, out))
+        return out
+
+    monkeypatch.setattr(step_module, "smooth_solve", recording)
+    env = Ant(1, contact_solver="smooth")
+    q = torch.tensor([[float.fromhex(x) for x in _HARD_ANT_Q]], dtype=F64)
+    v = torch.tensor([[float.fromhex(x) for x in _HARD_ANT_V]], dtype=F64)
+    tau = torch.cat([torch.zeros(1, 6, dtype=F64), env.max_torque * torch.tensor([_HARD_ANT_ACTION], dtype=F64)], -1)
+    info: dict = {}
+    q1, v1 = step_module.contact_step(env.scene, q, v, tau, env.sim_dt, info)
+    assert torch.isfinite(q1).all() and torch.isfinite(v1).all()
+    (A, c, mu, kw, (lam, _, rel)), = seen
+    assert rel < 1e-10
+    scale = 1.0 + float(torch.maximum(c.abs().amax(), lam.abs().amax()))
+    r = quotient_residual(lam, A, c, mu, kw["kappa"], kw["eps"])
+    assert float(r.abs().amax()) < 1e-9 * scale
