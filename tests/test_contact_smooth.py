@@ -182,3 +182,32 @@ def test_solver_options_are_checked():
         Scene(ball, solver="newton")
     with pytest.raises(Exception, match="positive"):
         Scene(ball, solver="smooth", smoothing=0.0)
+
+
+def test_every_route_of_the_solve_gives_the_same_root_and_gradient(monkeypatch):
+    """With the direct solves cut to one iteration, the environments go through the product form and
+    its continuation: the roots and the implicit gradient are those of the direct solve, and an
+    environment the first route solves keeps its root (the batch's environments are independent)."""
+    import importlib
+
+    smooth = importlib.import_module("diffmech.contact.smooth")
+    A, c, mu = _problem(3, B=3, K=3)
+    lam0 = pgs(A, c, mu, iterations=500, tol=1e-12, native=False).lam
+    c = c.clone().requires_grad_(True)
+    w = torch.randn(3, 3, 3, generator=torch.Generator().manual_seed(4), **f64)
+
+    def solve_and_grad():
+        lam, its, rel = smooth_solve(A, c, mu, lam0, kappa=1e-3, eps=1e-2)
+        (g,) = torch.autograd.grad((lam * w).sum(), c)
+        return lam.detach(), g, its, rel
+
+    lam_d, g_d, its_d, _ = solve_and_grad()
+    # an environment already at its root: the first route solves it in no iteration
+    lam0 = lam0.clone()
+    lam0[1] = lam_d[1]
+    monkeypatch.setattr(smooth, "DIRECT_ITERATIONS", 1)
+    lam_r, g_r, its_r, rel = solve_and_grad()
+    assert its_r > its_d and rel < 1e-9
+    torch.testing.assert_close(lam_r, lam_d, rtol=0, atol=1e-9)
+    torch.testing.assert_close(g_r, g_d, rtol=1e-7, atol=1e-9)
+    assert torch.equal(lam_r[1], lam_d[1])

@@ -317,23 +317,38 @@ def test_smooth_contacts_step_each_environment_as_if_alone():
     torch.testing.assert_close(both[1], torch.cat([s[1] for s in alone]), rtol=0, atol=1e-5)
 
 
-# One Ant (of 64 under bang-bang torques, seed 0, step 136, a substep's start) whose smooth contact
-# problem Newton's method did not solve in the quotient form of the friction law, cold or warm
-# started, with or without continuation.
-_HARD_ANT_Q = ("-0x1.d1a15608483bbp-2", "-0x1.3ba395f242b28p+0", "0x1.8e1ab3742a6e8p-1", "0x1.58b34a53a6c6dp-4",
-               "-0x1.f20813b373ed7p-3", "0x1.7d0cbc993648ap-3", "0x1.e580048b3c3fdp-1", "-0x1.84075f181e2cep-2",
-               "0x1.38c353fbc542cp+0", "0x1.83258591a8410p-2", "0x1.0c1523bb5b8d8p-1", "0x1.82f2fbf9e1760p-2",
-               "0x1.562d5f451fabbp-1", "0x1.821dc745eaf48p-2", "0x1.38c353fc5f885p+0")
-_HARD_ANT_V = ("0x1.3cfc110c2dfa4p-1", "-0x1.7ce53cea1f349p-1", "-0x1.23fc151467261p-1", "-0x1.e561a3cf9a587p-1",
-               "0x1.0edfd537efe3ap+1", "0x1.1cb847eb9b6bdp+0", "0x1.6fd785070fa63p+2", "-0x1.3069370000000p-28",
-               "-0x1.734cfeaa05e90p+2", "-0x1.30a8d28000000p-27", "-0x1.724072b581746p+2", "0x1.6d80250702a25p+2",
-               "-0x1.7433a1b794a1bp+2", "0x1.073af40000000p-27")
-_HARD_ANT_ACTION = (1, 1, -1, -1, -1, 1, -1, 1)
+# Ants under bang-bang torques at a substep's start whose smooth contact problem Newton's method did
+# not solve in the quotient form of the friction law, cold or warm started, with or without the
+# continuation: one of 64 (seed 0, step 136; the product form solves it directly) and one of 16
+# (seed 1, step 94; the product form solves it through its continuation). (q, v, action) as hex floats.
+_HARD_ANTS = {
+    "64-ants-step-136": (
+        ("-0x1.d1a15608483bbp-2", "-0x1.3ba395f242b28p+0", "0x1.8e1ab3742a6e8p-1", "0x1.58b34a53a6c6dp-4",
+         "-0x1.f20813b373ed7p-3", "0x1.7d0cbc993648ap-3", "0x1.e580048b3c3fdp-1", "-0x1.84075f181e2cep-2",
+         "0x1.38c353fbc542cp+0", "0x1.83258591a8410p-2", "0x1.0c1523bb5b8d8p-1", "0x1.82f2fbf9e1760p-2",
+         "0x1.562d5f451fabbp-1", "0x1.821dc745eaf48p-2", "0x1.38c353fc5f885p+0"),
+        ("0x1.3cfc110c2dfa4p-1", "-0x1.7ce53cea1f349p-1", "-0x1.23fc151467261p-1", "-0x1.e561a3cf9a587p-1",
+         "0x1.0edfd537efe3ap+1", "0x1.1cb847eb9b6bdp+0", "0x1.6fd785070fa63p+2", "-0x1.3069370000000p-28",
+         "-0x1.734cfeaa05e90p+2", "-0x1.30a8d28000000p-27", "-0x1.724072b581746p+2", "0x1.6d80250702a25p+2",
+         "-0x1.7433a1b794a1bp+2", "0x1.073af40000000p-27"),
+        (1, 1, -1, -1, -1, 1, -1, 1)),
+    "16-ants-step-94": (
+        ("0x1.2e59f783a8681p-4", "0x1.ab62d22c5672fp-3", "0x1.e21574a94f365p-1", "-0x1.f87097d5e4998p-7",
+         "-0x1.6b7e0036522fdp-2", "0x1.27005b5f3b724p-7", "0x1.de91d9d17f4d9p-1", "-0x1.0c152349cc3ccp-1",
+         "0x1.66bbc22505e40p-1", "-0x1.be6e715e0d1dep-2", "0x1.0c1523bd71684p-1", "0x1.82757230f7f34p-2",
+         "0x1.7de73e9ca48f2p-1", "0x1.0c15237c18359p-1", "0x1.0c1523a5ef89ap-1"),
+        ("0x1.21b085934542ep-2", "-0x1.0e764523dfbfep-3", "-0x1.21dd70703f2eep-1", "-0x1.6df41a3a29866p+0",
+         "0x1.d10e3827b0318p+0", "0x1.c4170d9c7ff9dp+1", "0x1.900eee0000000p-29", "-0x1.6dddd571383acp+3",
+         "-0x1.80589007b182dp+3", "0x1.9aa2660000000p-27", "-0x1.763f91b798df8p+2", "0x1.4aeede44389dep+0",
+         "0x1.af9fd88000000p-24", "-0x1.37d80555dfda4p-1"),
+        (-1, -1, -1, -1, -1, -1, 1, 1)),
+}
 
 
-def test_smooth_contacts_solve_a_problem_the_quotient_form_stalled_on(monkeypatch):
-    """The smooth solve converges on that Ant's contact problem, and its impulses satisfy the relaxed
-    laws as written (the quotient form, evaluated independently) to the solver's tolerance."""
+@pytest.mark.parametrize("case", sorted(_HARD_ANTS))
+def test_smooth_contacts_solve_a_problem_the_quotient_form_stalled_on(monkeypatch, case):
+    """The smooth solve converges on those Ants' contact problems, and its impulses satisfy the
+    relaxed laws as written (the quotient form, evaluated independently) to the solver's tolerance."""
     import importlib
 
     from test_contact_smooth import quotient_residual
@@ -349,9 +364,10 @@ def test_smooth_contacts_solve_a_problem_the_quotient_form_stalled_on(monkeypatc
 
     monkeypatch.setattr(step_module, "smooth_solve", recording)
     env = Ant(1, contact_solver="smooth")
-    q = torch.tensor([[float.fromhex(x) for x in _HARD_ANT_Q]], dtype=F64)
-    v = torch.tensor([[float.fromhex(x) for x in _HARD_ANT_V]], dtype=F64)
-    tau = torch.cat([torch.zeros(1, 6, dtype=F64), env.max_torque * torch.tensor([_HARD_ANT_ACTION], dtype=F64)], -1)
+    hq, hv, action = _HARD_ANTS[case]
+    q = torch.tensor([[float.fromhex(x) for x in hq]], dtype=F64)
+    v = torch.tensor([[float.fromhex(x) for x in hv]], dtype=F64)
+    tau = torch.cat([torch.zeros(1, 6, dtype=F64), env.max_torque * torch.tensor([action], dtype=F64)], -1)
     info: dict = {}
     q1, v1 = step_module.contact_step(env.scene, q, v, tau, env.sim_dt, info)
     assert torch.isfinite(q1).all() and torch.isfinite(v1).all()

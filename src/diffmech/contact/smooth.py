@@ -18,17 +18,20 @@ small relaxations) with the analytic Jacobian, and its gradient comes from that 
 ``d lam / d (A, c, mu) = -J^-1 dF/d(A, c, mu)`` at the root, with every contact's mode blended
 smoothly rather than fixed.
 
-Newton's method iterates on the friction law multiplied through by ``sqrt(|w_t|^2 + eps^2) / s0``,
+Newton's method first iterates on the laws as written. Where it stalls, it iterates on the friction
+law multiplied through by ``sqrt(|w_t|^2 + eps^2) / s0``,
 
     (sqrt(|w_t|^2 + eps^2) lam_t + mu lam_n w_t) / s0 = 0,
 
-with ``s0`` that slip speed at the starting guess (a constant of the solve, ``>= eps``): the same
-roots (the factor is positive) and the same implicit gradient, but no ``1 / speed`` inside. In the
-quotient form a sticking contact's law turns within a slip of ``eps`` with a slope of ``mu lam_n /
-eps``, and Newton's line search stalled on it (measured on Ant contact problems: steps shrunk to
-1e-8 for 50 iterations at residuals of 2e-3 to 6e-2, with or without continuation; solved in this
-form). Dividing by ``s0`` keeps the residual in impulse units near the start, so the tolerance
-means what it meant.
+with ``s0`` that slip speed at the start of the solve (a constant, ``>= eps``): the same roots (the
+factor is positive) and the same implicit gradient, but no ``1 / speed`` inside, then through a
+continuation from a strongly relaxed problem. Neither form is better everywhere (measured): on Ant
+contact problems under bang-bang torques the quotient form's line search shrank its steps to 1e-8
+for 50 iterations at residuals of 2e-3 to 6e-2, with or without continuation, where the product
+form converged in 9 iterations or through its continuation; on the laikago standing, the product
+form stalled at a quarter of the steps (a foot at the stick-slip boundary), where the quotient form
+converged in at most 25 iterations. Dividing by ``s0`` keeps the residual in impulse units near the
+start, so the tolerance means what it means in the quotient form.
 """
 
 from __future__ import annotations
@@ -58,15 +61,17 @@ def slip_speed(x: Tensor, A: Tensor, c: Tensor, eps: float) -> Tensor:
 
 def smooth_residual(x: Tensor, A: Tensor, c: Tensor, mu: Tensor, kappa: float, eps: float,
                     s0: Tensor | None = None) -> Tensor:
-    """``F(lam)`` of the relaxed problem above in the form Newton's method iterates on; ``x (B, 3K)``
-    the impulses, ``A (B, 3K, 3K)``, ``c (B, 3K)``, ``mu (B, K)``, ``s0 (B, K)`` the friction rows'
-    scale (m/s; default ``eps``). Returns ``(B, 3K)``."""
+    """``F(lam)`` of the relaxed problem above; ``x (B, 3K)`` the impulses, ``A (B, 3K, 3K)``,
+    ``c (B, 3K)``, ``mu (B, K)``. Friction rows in the quotient form, or with ``s0 (B, K)`` (m/s) in
+    the product form divided by ``s0``. Returns ``(B, 3K)``."""
     lam, w = _split(x, A, c)
     ln, wn, lt, wt = lam[..., 0], w[..., 0], lam[..., 1:], w[..., 1:]
     rn = ln + wn - torch.sqrt(ln * ln + wn * wn + 2.0 * kappa)
     speed = torch.sqrt((wt * wt).sum(-1) + eps * eps)
-    rt = speed[..., None] * lt + (mu * ln)[..., None] * wt
-    rt = rt / (eps if s0 is None else s0[..., None])
+    if s0 is None:
+        rt = lt + (mu * ln / speed)[..., None] * wt
+    else:
+        rt = (speed[..., None] * lt + (mu * ln)[..., None] * wt) / s0[..., None]
     return torch.cat([rn[..., None], rt], -1).reshape(x.shape)
 
 
@@ -80,17 +85,23 @@ def smooth_jacobian(x: Tensor, A: Tensor, c: Tensor, mu: Tensor, kappa: float, e
     ln, wn, lt, wt = lam[..., 0], w[..., 0], lam[..., 1:], w[..., 1:]
     s = torch.sqrt(ln * ln + wn * wn + 2.0 * kappa)
     speed = torch.sqrt((wt * wt).sum(-1) + eps * eps)
-    inv_s0 = 1.0 / (torch.full_like(speed, eps) if s0 is None else s0)
     P = torch.zeros(B, K, 3, 3, dtype=x.dtype, device=x.device)
     Q = torch.zeros_like(P)
     P[..., 0, 0] = 1.0 - ln / s
     Q[..., 0, 0] = 1.0 - wn / s
-    P[..., 1, 1] = speed * inv_s0
-    P[..., 2, 2] = speed * inv_s0
-    P[..., 1:, 0] = (mu * inv_s0)[..., None] * wt
     eye = torch.eye(2, dtype=x.dtype, device=x.device)
-    Q[..., 1:, 1:] = (lt[..., :, None] * wt[..., None, :] / speed[..., None, None]
-                      + (mu * ln)[..., None, None] * eye) * inv_s0[..., None, None]
+    if s0 is None:
+        P[..., 1, 1] = 1.0
+        P[..., 2, 2] = 1.0
+        P[..., 1:, 0] = (mu / speed)[..., None] * wt
+        g = (mu * ln / speed)[..., None, None]
+        Q[..., 1:, 1:] = g * (eye - wt[..., :, None] * wt[..., None, :] / (speed * speed)[..., None, None])
+    else:
+        P[..., 1, 1] = speed / s0
+        P[..., 2, 2] = speed / s0
+        P[..., 1:, 0] = (mu / s0)[..., None] * wt
+        Q[..., 1:, 1:] = (lt[..., :, None] * wt[..., None, :] / speed[..., None, None]
+                          + (mu * ln)[..., None, None] * eye) / s0[..., None, None]
     idx = torch.arange(K, device=x.device)
 
     def block_diag(M: Tensor) -> Tensor:
@@ -102,7 +113,10 @@ def smooth_jacobian(x: Tensor, A: Tensor, c: Tensor, mu: Tensor, kappa: float, e
     return block_diag(P) + Qd @ A
 
 
-DIRECT_ITERATIONS = 20
+# Iterations after which a direct solve counts as stalled and its environments go on by the next
+# route (measured: converging direct solves took at most 11 iterations on Ant contact problems and 25
+# on the laikago standing), so that the batch does not pay max_iter iterations for one of them.
+DIRECT_ITERATIONS = 30
 
 
 def smooth_solve(A: Tensor, c: Tensor, mu: Tensor, lam0: Tensor, *, kappa: float, eps: float,
@@ -112,45 +126,49 @@ def smooth_solve(A: Tensor, c: Tensor, mu: Tensor, lam0: Tensor, *, kappa: float
     function theorem. ``tol`` is relative to the largest of ``|c|`` and ``|lam0|`` (plus one) of each
     environment. Returns ``(lam, iterations, largest relative residual)``.
 
+    Routes, each only for the environments the previous one left unsolved (environments are
+    independent: a route that fails for one may fail for another that the previous route solved):
+    Newton on the quotient form; on the product form from the same start; on the product form
+    through a continuation from the relaxation times 1e6, tenfold at a time (hundredfold steps
+    failed on Ant contact problems that tenfold ones solve). Then one solve over the batch, in the
+    product form at each environment's root, carries the gradient (the root does not depend on the
+    route).
+
     Raises:
         ConvergenceError: naming the environments where Newton's method did not converge.
     """
     B, K, _ = lam0.shape
     x0 = lam0.detach().reshape(B, 3 * K)
     scale = 1.0 + torch.maximum(c.detach().abs().amax(-1), x0.abs().amax(-1))
+    direct = min(max_iter, DIRECT_ITERATIONS)
 
-    def solve(x0, k, e, params, sc=scale, s0=None, iters=max_iter):
-        def residual(x, A, c, mu, s0):
-            return smooth_residual(x, A, c, mu, k, e, s0)
+    def solve(x0, k, e, params, sc, product: bool, iters: int):
+        def residual(x, A, c, mu, *s0):
+            return smooth_residual(x, A, c, mu, k, e, *s0)
 
-        def jacobian(x, A, c, mu, s0):
-            return smooth_jacobian(x, A, c, mu, k, e, s0)
+        def jacobian(x, A, c, mu, *s0):
+            return smooth_jacobian(x, A, c, mu, k, e, *s0)
 
-        if s0 is None:
-            s0 = slip_speed(x0, params[0].detach(), params[1].detach(), e)
-        out = newton_solve(residual, x0, (*params, s0), tol=tol * sc, max_iter=iters, jacobian=jacobian,
-                           raise_on_failure=False, context="smooth contact solve")
-        return (*out, s0)
+        s0 = (slip_speed(x0, params[0].detach(), params[1].detach(), e),) if product else ()
+        return newton_solve(residual, x0, (*params, *s0), tol=tol * sc, max_iter=iters, jacobian=jacobian,
+                            raise_on_failure=False, context="smooth contact solve")
 
-    # A direct solve that has not converged in DIRECT_ITERATIONS has stalled (converging ones take
-    # at most 11 on Ant contact problems): hand it to the continuation rather than the batch
-    # paying for up to max_iter iterations of it.
-    x, status, s0 = solve(x0, kappa, eps, (A, c, mu), iters=min(max_iter, DIRECT_ITERATIONS))
+    x, status = solve(x0, kappa, eps, (A, c, mu), scale, False, direct)
     its = status.iterations
     if not bool(status.converged.all()):
-        # Continuation, for the environments that did not converge only: the strongly relaxed problem
-        # is nearly linear; tighten it tenfold at a time from its root (hundredfold steps failed on Ant
-        # contact problems that tenfold ones solve). The others keep their roots (the
-        # environments are independent: a path through the relaxed problems may fail where the direct
-        # one succeeded). Only the last solve carries the gradient (the root does not depend on x0).
+        x = x.detach()
         bad = (~status.converged).nonzero()[:, 0]
-        x1, plain = x0[bad], tuple(t.detach()[bad] for t in (A, c, mu))
-        for f in (1e6, 1e5, 1e4, 1e3, 1e2, 1e1):
-            x1, st, _ = solve(x1, kappa * f, eps * f, plain, scale[bad])
-            its += st.iterations
-        # the converged environments keep their friction scale, so they stay converged as they were
-        s0 = s0.index_put((bad,), slip_speed(x1, plain[0], plain[1], eps))
-        x, status, _ = solve(x.detach().index_put((bad,), x1.detach()), kappa, eps, (A, c, mu), s0=s0)
+        plain = tuple(t.detach()[bad] for t in (A, c, mu))
+        x1, st = solve(x0[bad], kappa, eps, plain, scale[bad], True, direct)
+        its += st.iterations
+        if not bool(st.converged.all()):
+            worse = (~st.converged).nonzero()[:, 0]
+            x2, sub = x0[bad][worse], tuple(t[worse] for t in plain)
+            for f in (1e6, 1e5, 1e4, 1e3, 1e2, 1e1, 1.0):
+                x2, st2 = solve(x2, kappa * f, eps * f, sub, scale[bad][worse], True, max_iter)
+                its += st2.iterations
+            x1 = x1.index_put((worse,), x2)
+        x, status = solve(x.index_put((bad,), x1), kappa, eps, (A, c, mu), scale, True, max_iter)
         its += status.iterations
     if not bool(status.converged.all()):
         bad = (~status.converged).nonzero()[:, 0].tolist()
