@@ -3,12 +3,15 @@ limit (the hard problem), and scenes stepped with it."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 from diffmech.contact import pgs_native
 from diffmech.contact.pgs import pgs
 from diffmech.contact.smooth import smooth_jacobian, smooth_residual, smooth_solve
+from diffmech.errors import ConvergenceError
 from diffmech.model import systems
 from diffmech.sim import Scene, rollout
 
@@ -211,3 +214,68 @@ def test_every_route_of_the_solve_gives_the_same_root_and_gradient(monkeypatch):
     torch.testing.assert_close(lam_r, lam_d, rtol=0, atol=1e-9)
     torch.testing.assert_close(g_r, g_d, rtol=1e-7, atol=1e-9)
     assert torch.equal(lam_r[1], lam_d[1])
+
+
+def test_an_environment_without_a_root_is_reported_not_raised_when_asked(monkeypatch):
+    """``raise_on_failure=False``: an environment no route solves (here: made to look so) keeps its
+    start ``lam0`` without a gradient and is flagged; the others are solved as in a batch without it,
+    with finite gradients."""
+    import importlib
+
+    smooth = importlib.import_module("diffmech.contact.smooth")
+    A, c, mu = _problem(5, B=3, K=3)
+    lam0 = pgs(A, c, mu, iterations=500, tol=1e-12, native=False).lam
+    want, _, _ = smooth_solve(A, c, mu, lam0, kappa=1e-3, eps=1e-2)
+    real = smooth.newton_solve
+
+    def env1_never_converges(*args, **kw):
+        x, st = real(*args, **kw)
+        if x.shape[0] == 3:  # the whole batch: environment 1 fails
+            st = st._replace(converged=st.converged & torch.tensor([True, False, True]))
+        elif x.shape[0] == 1:  # the later routes, which environment 1 alone takes
+            st = st._replace(converged=torch.zeros_like(st.converged))
+        return x, st
+
+    monkeypatch.setattr(smooth, "newton_solve", env1_never_converges)
+    with pytest.raises(ConvergenceError, match=r"environment\(s\) \[1\]"):
+        smooth_solve(A, c, mu, lam0, kappa=1e-3, eps=1e-2)
+    cg = c.clone().requires_grad_(True)
+    lam, _, rel, solved = smooth_solve(A, cg, mu, lam0, kappa=1e-3, eps=1e-2, raise_on_failure=False)
+    assert solved.tolist() == [True, False, True] and rel < 1e-9
+    assert torch.equal(lam[1].detach(), lam0[1])
+    torch.testing.assert_close(lam[[0, 2]].detach(), want[[0, 2]], rtol=0, atol=1e-10)
+    (g,) = torch.autograd.grad(lam.sum(), cg)
+    assert torch.isfinite(g).all() and float(g[1].abs().amax()) == 0.0
+
+
+def test_contact_step_takes_the_hard_solution_where_the_smooth_problem_is_unsolved(monkeypatch):
+    """Where the smooth solve finds no root, the step is the hard (PGS) solver's step, with its
+    gradient, counted in ``info["fallbacks"]`` and the rollout's ``contact_fallbacks``, warned once."""
+    import importlib
+
+    step_module = importlib.import_module("diffmech.sim.contact_step")
+    real = step_module.smooth_solve
+    monkeypatch.setattr(step_module, "smooth_solve", lambda *a, **kw: real(*a, **{**kw, "max_iter": 0}))
+    box = systems.box(size=(0.2, 0.2, 0.1), mass=1.0)
+    q0 = box.neutral_configuration()
+    q0[2] = 0.0499
+    v0 = torch.zeros(6, **f64)
+    v0[0] = 0.5
+    out = {}
+    for solver in ("pgs", "smooth"):
+        mu = torch.tensor(0.4, **f64, requires_grad=True)
+        scene = Scene({"box": box}, solver=solver, friction=mu)
+        info: dict = {}
+        with pytest.warns(RuntimeWarning, match="hard problem") if solver == "smooth" else contextlib.nullcontext():
+            q1, v1 = step_module.contact_step(scene, q0[None], v0[None], torch.zeros(1, 6, **f64), 1e-2, info)
+        st: dict = {}
+        Q, _ = rollout(scene, q0, v0, torch.zeros(20, 6, **f64), 1e-2, stats=st)
+        (g,) = torch.autograd.grad(Q[-1, 0], mu)
+        out[solver] = (v1, Q, g, info["fallbacks"], st["contact_fallbacks"])
+    assert out["pgs"][3] == 0 and out["pgs"][4] == 0
+    assert out["smooth"][3] == 1 and out["smooth"][4] == 20
+    # the same problem solved by the same sweeps, from another start (the smooth route's PGS solution):
+    # equal to the PGS tolerance
+    for a, b in zip(out["smooth"][:3], out["pgs"][:3]):
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9)
+    assert float(out["pgs"][2]) != 0.0

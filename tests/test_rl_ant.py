@@ -371,8 +371,32 @@ def test_smooth_contacts_solve_a_problem_the_quotient_form_stalled_on(monkeypatc
     info: dict = {}
     q1, v1 = step_module.contact_step(env.scene, q, v, tau, env.sim_dt, info)
     assert torch.isfinite(q1).all() and torch.isfinite(v1).all()
-    (A, c, mu, kw, (lam, _, rel)), = seen
-    assert rel < 1e-10
+    (A, c, mu, kw, (lam, _, rel, solved)), = seen
+    assert bool(solved.all()) and info["fallbacks"] == 0 and rel < 1e-10
     scale = 1.0 + float(torch.maximum(c.abs().amax(), lam.abs().amax()))
     r = quotient_residual(lam, A, c, mu, kw["kappa"], kw["eps"])
     assert float(r.abs().amax()) < 1e-9 * scale
+
+
+def test_the_ant_counts_the_substeps_where_the_hard_solution_stood_in(monkeypatch):
+    import importlib
+
+    step_module = importlib.import_module("diffmech.sim.contact_step")
+    real = step_module.smooth_solve
+    monkeypatch.setattr(step_module, "smooth_solve", lambda *a, **kw: real(*a, **{**kw, "max_iter": 0}))
+    env = Ant(2, contact_solver="smooth", reset_noise=0.0, seed=0)
+    env.reset()
+    env.q = env.q.clone()
+    env.q[:, 2] = 0.46  # the feet on the ground: contact in every substep
+    ant_module = importlib.import_module("diffmech.rl.ant")
+    seen = []
+
+    def recording(*a, **kw):
+        out = step_module.contact_step(*a, **kw)
+        seen.append(a[5]["fallbacks"])
+        return out
+
+    monkeypatch.setattr(ant_module, "contact_step", recording)
+    with pytest.warns(RuntimeWarning, match="hard problem"):
+        env.step(torch.zeros(2, 8, dtype=F64))
+    assert len(seen) == env.frame_skip and sum(seen) > 0 and env.contact_fallbacks == sum(seen)

@@ -120,11 +120,13 @@ DIRECT_ITERATIONS = 30
 
 
 def smooth_solve(A: Tensor, c: Tensor, mu: Tensor, lam0: Tensor, *, kappa: float, eps: float,
-                 tol: float = 1e-10, max_iter: int = 50) -> tuple[Tensor, int, float]:
+                 tol: float = 1e-10, max_iter: int = 50, raise_on_failure: bool = True):
     """Impulses ``(B, K, 3)`` of the relaxed problem, from the starting guess ``lam0 (B, K, 3)``
     (the hard problem's solution); differentiable w.r.t. ``A``, ``c`` and ``mu`` by the implicit
     function theorem. ``tol`` is relative to the largest of ``|c|`` and ``|lam0|`` (plus one) of each
-    environment. Returns ``(lam, iterations, largest relative residual)``.
+    environment. Returns ``(lam, iterations, largest relative residual)``; with
+    ``raise_on_failure=False`` also ``solved (B,)``, and the unsolved environments' rows of ``lam``
+    are ``lam0``'s, without a gradient (the residual is over the solved ones).
 
     Routes, each only for the environments the previous one left unsolved (environments are
     independent: a route that fails for one may fail for another that the previous route solved):
@@ -134,8 +136,14 @@ def smooth_solve(A: Tensor, c: Tensor, mu: Tensor, lam0: Tensor, *, kappa: float
     product form at each environment's root, carries the gradient (the root does not depend on the
     route).
 
+    Not every relaxed problem has a root: with more active constraints than the bodies have degrees
+    of freedom and feet sliding (an Ant under bang-bang torques, all four feet down and six joint
+    limits reached: 18 rows on 14 degrees of freedom) every route stalled, and a Levenberg-Marquardt
+    search stopped at a stationary point of ``|F|^2`` with ``|F| = 2e-4`` and ``J^T F = 8e-12``.
+
     Raises:
-        ConvergenceError: naming the environments where Newton's method did not converge.
+        ConvergenceError: naming the environments where Newton's method did not converge (with
+            ``raise_on_failure``).
     """
     B, K, _ = lam0.shape
     x0 = lam0.detach().reshape(B, 3 * K)
@@ -155,7 +163,8 @@ def smooth_solve(A: Tensor, c: Tensor, mu: Tensor, lam0: Tensor, *, kappa: float
 
     x, status = solve(x0, kappa, eps, (A, c, mu), scale, False, direct)
     its = status.iterations
-    if not bool(status.converged.all()):
+    solved = status.converged
+    if not bool(solved.all()):
         x = x.detach()
         bad = (~status.converged).nonzero()[:, 0]
         plain = tuple(t.detach()[bad] for t in (A, c, mu))
@@ -168,12 +177,30 @@ def smooth_solve(A: Tensor, c: Tensor, mu: Tensor, lam0: Tensor, *, kappa: float
                 x2, st2 = solve(x2, kappa * f, eps * f, sub, scale[bad][worse], True, max_iter)
                 its += st2.iterations
             x1 = x1.index_put((worse,), x2)
-        x, status = solve(x.index_put((bad,), x1), kappa, eps, (A, c, mu), scale, True, max_iter)
-        its += status.iterations
-    if not bool(status.converged.all()):
-        bad = (~status.converged).nonzero()[:, 0].tolist()
-        raise ConvergenceError(f"smooth contact solve: Newton's method did not converge in {max_iter} iterations "
-                               f"in environment(s) {bad[:5]} (residual {float(status.residual_norm.amax()):.3g}); "
-                               "increase the relaxation (smoothing, friction_smoothing) or reduce dt")
-    rel = float((status.residual_norm / scale).amax()) if B else 0.0
-    return x.reshape(B, K, 3), its, rel
+            st = st._replace(converged=st.converged.index_put((worse,), st2.converged),
+                             residual_norm=st.residual_norm.index_put((worse,), st2.residual_norm))
+        x = x.index_put((bad,), x1)
+        solved = solved.index_put((bad,), st.converged)
+        if not bool(solved.all()):
+            unsolved = (~solved).nonzero()[:, 0]
+            if raise_on_failure:
+                rn = st.residual_norm[(~st.converged).nonzero()[:, 0]]
+                raise ConvergenceError(
+                    f"smooth contact solve: Newton's method did not converge in environment(s) "
+                    f"{unsolved.tolist()[:5]} (residual {float(rn.amax()):.3g}) by any route; increase the "
+                    "relaxation (smoothing, friction_smoothing) or reduce dt")
+        # the gradient-carrying solve, over the solved environments; the others keep lam0 (no gradient)
+        ok = solved.nonzero()[:, 0]
+        if len(ok) == B:
+            x, status = solve(x, kappa, eps, (A, c, mu), scale, True, max_iter)
+            its += status.iterations
+        elif len(ok) == 0:
+            x, status, scale = x0, status._replace(residual_norm=scale[:0]), scale[:0]
+        else:
+            xo, status = solve(x[ok], kappa, eps, tuple(t[ok] for t in (A, c, mu)), scale[ok], True, max_iter)
+            x = x0.index_put((ok,), xo)
+            scale = scale[ok]
+            its += status.iterations
+    rel = float((status.residual_norm / scale).amax()) if status.residual_norm.numel() else 0.0
+    lam = x.reshape(B, K, 3)
+    return (lam, its, rel) if raise_on_failure else (lam, its, rel, solved)

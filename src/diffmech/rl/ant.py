@@ -109,6 +109,9 @@ class Ant(DiffEnv):
         self.reset_noise = float(reset_noise)
         self._warm: dict = {}  # the contact impulses of the last substep of step()
         self._stepping = False
+        # substeps x environments in step() whose smooth contact problem had no root found (the hard
+        # solution stood in; see diffmech.sim.contact_step)
+        self.contact_fallbacks = 0
         robot = self.scene.models["ant"]
         super().__init__(robot, num_envs, dt=frame_skip * self.sim_dt, horizon=horizon, max_torque=self.geometry.gear,
                          integrator=None, compile=False, seed=seed, act_dim=robot.nv - 6)
@@ -181,6 +184,7 @@ class Ant(DiffEnv):
             q, v = contact_step(self.scene, q, v, tau, self.sim_dt, info, warm=self._warm if stepping else None)
             if stepping:
                 self._warm = info["lam"]
+                self.contact_fallbacks += info["fallbacks"]
         return q, v
 
     def step(self, action: Tensor):

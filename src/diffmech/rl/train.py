@@ -307,6 +307,8 @@ def train(env_name: str, algo: str, out, *, links: int = 2, steps: int | None = 
                "non_finite_evaluations": len(rets) - len(finite)}
     if getattr(rec, "diverged", None) is not None:
         metrics["diverged_episodes"] = rec.diverged  # training episodes ended by a runaway state (DiffEnv)
+    if getattr(rec, "contact_fallbacks", None) is not None:
+        metrics["contact_fallbacks"] = rec.contact_fallbacks  # smooth contact problems without a root found
     best = getattr(eval_env, "max_return", None)
     if best is not None:
         metrics["max_possible_return"] = best
@@ -334,6 +336,7 @@ def _train_own(algo, cfg, env_name, links, seed, steps, device, env_kwargs, eval
     if rec.rows[-1]["env_steps"] != rec.env_steps:
         rec.evaluate()
     rec.diverged = getattr(getattr(learner, "env", None), "diverged", None)
+    rec.contact_fallbacks = getattr(getattr(learner, "env", None), "contact_fallbacks", None)
     for name, state in (("checkpoint.pt", learner.state_dict()), ("checkpoint_best.pt", best["state"])):
         torch.save({"algo": algo, "config": dataclasses.asdict(cfg), "state": state}, out / name)
     return rec

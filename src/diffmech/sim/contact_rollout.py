@@ -55,6 +55,7 @@ class _Checkpointed(torch.autograd.Function):
         V = [v0.detach()]
         q, v = Q[0], V[0]
         info_all = {"iterations": 0, "residual": 0.0, "penetration": 0.0, "candidates": 0}
+        fallbacks = 0
         # the solver's warm start of step k (k a checkpoint), for the bit-for-bit recomputation
         warm: dict[int, dict] = {0: {}}
         prev: dict = {}
@@ -71,6 +72,7 @@ class _Checkpointed(torch.autograd.Function):
                 info_all["residual"] = max(info_all["residual"], info["residual"])
                 info_all["penetration"] = max(info_all["penetration"], info["penetration"])
                 info_all["candidates"] = max(info_all["candidates"], info["candidates"])
+                fallbacks += info["fallbacks"]
                 Q.append(q)
                 V.append(v)
         Qs, Vs = torch.stack(Q, 1), torch.stack(V, 1)
@@ -78,6 +80,7 @@ class _Checkpointed(torch.autograd.Function):
         Qc, Vc = (Qs, Vs) if K == 1 else (Qs[:, ::K].clone(), Vs[:, ::K].clone())
         if stats is not None:
             stats.update({f"contact_{k}_max": x for k, x in info_all.items()})
+            stats["contact_fallbacks"] = fallbacks
             stats["checkpoint_every"] = K
             stats["saved_state_bytes"] = (Qc.numel() + Vc.numel()) * Qc.element_size() + sum(
                 t.numel() * t.element_size() for w in warm.values() for t in w.values())
@@ -193,7 +196,9 @@ def scene_rollout(
     ``v0 (..., nv)``, ``tau (..., T, nv)`` or a policy ``f(t, q, v)``; returns ``(..., T+1, nq)``
     and ``(..., T+1, nv)``). ``stats`` receives ``contact_iterations_max``,
     ``contact_residual_max`` (the solver's last relative impulse change, largest over the steps),
-    ``contact_penetration_max`` (m), ``contact_candidates_max`` and, with the checkpointed adjoint,
+    ``contact_penetration_max`` (m), ``contact_candidates_max``, ``contact_fallbacks`` (steps x
+    environments where the smooth solver's relaxed problem had no root found and the hard solution
+    stood in, see :func:`~diffmech.sim.contact_step`) and, with the checkpointed adjoint,
     ``checkpoint_every`` and ``saved_state_bytes`` (states and warm-start impulses kept for the
     backward pass: every ``checkpoint_every``-th; with 1 the returned trajectory itself); after
     the backward pass, ``backward_segment_bytes``: the largest segment of states recomputed at

@@ -26,6 +26,7 @@ rollout's checkpointed backward recomputes a step under autograd and differentia
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import torch
 from torch import Tensor
@@ -232,15 +233,30 @@ def _advance(scene: Scene, qs: dict, vs: dict, dt: float, free: list[str]) -> tu
     return torch.cat([qo[n] for n in scene.names], -1), torch.cat([vo[n] for n in scene.names], -1)
 
 
+def _warn_fallback(scene: Scene, envs: list[int]) -> None:
+    """Warn once per scene that a smooth contact problem had no root found and the hard solution
+    stood in (``info["fallbacks"]`` and the rollout's ``contact_fallbacks`` count every case)."""
+    if scene.__dict__.get("_warned_fallback"):
+        return
+    scene.__dict__["_warned_fallback"] = True
+    warnings.warn(f"smooth contact solve: no root found for environment(s) {envs[:5]} by any route (a relaxed "
+                  "problem can have none: more active constraints than degrees of freedom, feet sliding); they "
+                  "take the hard problem's solution and its gradient for this step. Counted in "
+                  "info['fallbacks'] / stats['contact_fallbacks']; warned once per scene.", RuntimeWarning,
+                  stacklevel=3)
+
+
 def contact_step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict | None = None,
                  warm: dict | None = None) -> tuple[Tensor, Tensor]:
     """Advance ``(q (..., nq), v (..., nv))`` by ``dt`` under joint forces ``tau (..., nv)`` (the batch
     dims broadcast; one step of the scene's own rollout, where they are flattened to one).
 
     ``info`` (a dict), when given, receives ``candidates`` (blocks solved), ``iterations``,
-    ``residual`` (the solver's last relative impulse change), ``penetration`` (deepest, m) and
-    ``lam``, the impulses of each candidate by a key that names it across steps; passing that dict
-    back as ``warm`` starts the next step's solver from them (a resting stack then needs a few
+    ``residual`` (the solver's last relative impulse change), ``penetration`` (deepest, m),
+    ``fallbacks`` (with ``Scene(solver="smooth")``: environments whose relaxed problem had no root
+    found, which took the hard problem's solution and its gradient instead; warned once per scene)
+    and ``lam``, the impulses of each candidate by a key that names it across steps; passing that
+    dict back as ``warm`` starts the next step's solver from them (a resting stack then needs a few
     sweeps instead of hundreds).
     """
     for name, x, n in (("q", q, scene.nq), ("v", v, scene.nv), ("tau", tau, scene.nv)):
@@ -407,7 +423,7 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
                 es.append(q.new_zeros(B, k))
     if not rows:
         if info is not None:
-            info.update(candidates=0, iterations=0, residual=0.0, penetration=0.0, lam={})
+            info.update(candidates=0, iterations=0, residual=0.0, penetration=0.0, fallbacks=0, lam={})
         return _advance(scene, qs, vfree, dt, free)
 
     Jc = torch.cat(rows, 1)  # (B, K, 3, nv)
@@ -433,10 +449,20 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
     if warm:
         zero = c.new_zeros(B, 3)
         lam0 = torch.stack([warm.get(k, zero) for k in keys], 1)
+    fallbacks = 0
     if scene.solver == "smooth":
         # the hard problem's solution, without a graph, is the starting guess of the Newton solve
         res = pgs(A.detach(), c.detach(), mu.detach(), iterations=scene.iterations, tol=scene.tol, lam0=lam0)
-        lam_s, it_s, rel_s = smooth_solve(A, c, mu, res.lam, kappa=scene.smoothing, eps=scene.friction_smoothing)
+        lam_s, it_s, rel_s, solved = smooth_solve(A, c, mu, res.lam, kappa=scene.smoothing,
+                                                  eps=scene.friction_smoothing, raise_on_failure=False)
+        if not bool(solved.all()):
+            # a relaxed problem without a root (see smooth_solve): that environment takes the hard
+            # problem's solution, with its gradient, and the step says so
+            bad = (~solved).nonzero()[:, 0]
+            hard = pgs(A[bad], c[bad], mu[bad], iterations=scene.iterations, tol=scene.tol, lam0=res.lam[bad])
+            lam_s = lam_s.index_put((bad,), hard.lam)
+            fallbacks = len(bad)
+            _warn_fallback(scene, bad.tolist())
         res = res._replace(lam=lam_s, iterations=res.iterations + it_s, residual=max(res.residual, rel_s))
     else:
         res = pgs(A, c, mu, iterations=scene.iterations, tol=scene.tol, lam0=lam0)
@@ -444,7 +470,7 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
     q1, v1 = _advance(scene, qs, scene.split(v1, "v"), dt, free)
     if info is not None:
         lam = res.lam.detach()
-        info.update(candidates=K, iterations=res.iterations, residual=res.residual,
+        info.update(candidates=K, iterations=res.iterations, residual=res.residual, fallbacks=fallbacks,
                     penetration=float((-phi.detach()).clamp_min(0).amax()) + 0.0,
                     lam={k: lam[:, i] for i, k in enumerate(keys)})
     return q1, v1

@@ -888,7 +888,8 @@ def rollout(
             check, with the check on) and, after ``backward()``, ``backward_time`` (s) and
             ``recomputed_steps`` (checkpoint mode) -- for benchmarks. For a scene:
             ``contact_iterations_max``, ``contact_residual_max``, ``contact_penetration_max``,
-            ``contact_candidates_max`` (see :func:`~diffmech.sim.contact_rollout.scene_rollout`).
+            ``contact_candidates_max``, ``contact_fallbacks`` (see
+            :func:`~diffmech.sim.contact_rollout.scene_rollout`).
         contact: with a :class:`RobotModel` that has collision shapes, simulate it as a one-model
             scene (ground, friction 0.5, joint limits).
 
