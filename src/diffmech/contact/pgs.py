@@ -156,6 +156,24 @@ def _residual_jacobian(lam: Tensor, A: Tensor, c: Tensor, mu: Tensor, active: Te
     return J, wrow, {"w": w, "inv": inv, "z_hat": z_hat, "P": P, "mln": mln}
 
 
+def _least_norm_solve(M: Tensor, b: Tensor) -> Tensor:
+    """The least-norm least-squares solution of ``M x = b`` (``(B, R, R)``, ``(B, R, k)``), i.e.
+    ``pinv(M) b``. By LU where every pivot is above 1e-10 of the largest (the common case: the
+    system then has full rank and one solution), by the pseudo-inverse for the other systems of the
+    batch (measured on 64 Ants' 60 x 60 systems: 2.6 ms against pinv's 50 ms for all; a 12 x 12
+    system 34 us against 51 us). LU rather than LAPACK's rank-revealing ``gelsy`` (as fast), whose
+    results change in the last bits from call to call, where the checkpointed backward pass must
+    repeat itself exactly."""
+    LU, piv, info = torch.linalg.lu_factor_ex(M)
+    d = torch.diagonal(LU, dim1=-2, dim2=-1).abs()
+    full = (info == 0) & (d.amin(-1) > 1e-10 * d.amax(-1))
+    x = torch.linalg.lu_solve(LU, piv, b)
+    if not bool(full.all()):
+        low = (~full).nonzero()[:, 0]
+        x = x.index_put((low,), torch.linalg.pinv(M[low]) @ b[low])
+    return x
+
+
 class _ImplicitPGS(torch.autograd.Function):
     @staticmethod
     def forward(ctx, lam, A, c, mu):
@@ -171,7 +189,7 @@ class _ImplicitPGS(torch.autograd.Function):
         J, wrow, parts = _residual_jacobian(lam, A, c, mu, active, sliding, free_t)
         # J^T u = grad. Least norm: a statically indeterminate contact (four corners of a box on
         # the ground) leaves a null space in the normal impulses that moves no velocity.
-        u = (torch.linalg.pinv(J.transpose(-1, -2)) @ grad.reshape(B, R, 1))[..., 0]
+        u = _least_norm_solve(J.transpose(-1, -2), grad.reshape(B, R, 1))[..., 0]
         if not (A.requires_grad or c.requires_grad or mu.requires_grad):
             return None, None, None, None
         # dL/dtheta = -u^T dF/dtheta. F reads c and A through w = A lam + c: the coefficient of w
