@@ -102,15 +102,13 @@ def smooth_jacobian(x: Tensor, A: Tensor, c: Tensor, mu: Tensor, kappa: float, e
         P[..., 1:, 0] = (mu / s0)[..., None] * wt
         Q[..., 1:, 1:] = (lt[..., :, None] * wt[..., None, :] / speed[..., None, None]
                           + (mu * ln)[..., None, None] * eye) / s0[..., None, None]
+    # Q A block row by block row (3 x 3 times 3 x 3K: a K-th of the dense product's work), then P onto
+    # the diagonal blocks. Measured, 64 Ants (K = 20): 0.25 ms as one (B K, 3, 3) @ (B K, 3, 3K) product,
+    # 0.73 ms as the 4-D product, 1.8 ms as the dense (B, 3K, 3K) one.
+    J = (Q.reshape(B * K, 3, 3) @ A.reshape(B * K, 3, R)).reshape(B, K, 3, K, 3)
     idx = torch.arange(K, device=x.device)
-
-    def block_diag(M: Tensor) -> Tensor:
-        out = torch.zeros(B, K, 3, K, 3, dtype=x.dtype, device=x.device)
-        out[:, idx, :, idx, :] = M.transpose(0, 1)
-        return out.reshape(B, R, R)
-
-    Qd = block_diag(Q)
-    return block_diag(P) + Qd @ A
+    J[:, idx, :, idx, :] += P.transpose(0, 1)
+    return J.reshape(B, R, R)
 
 
 # Iterations after which a direct solve counts as stalled and its environments go on by the next
