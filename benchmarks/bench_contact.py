@@ -72,13 +72,14 @@ def build(scene_name: str, batch: int, device: str = "cpu"):
 
 def prepare_kernels() -> float:
     """Build (or load from the disk store) the native rigid-body kernels of the laikago's tree, as a
-    user does once with :func:`diffmech.dynamics.kernels.prepare`: the scene's mass matrix and bias
-    forces then run in C (without them, the torch code: about 3x slower steps). Returns seconds."""
+    user does once with :func:`diffmech.dynamics.kernels.prepare`: the scene's mass matrix, bias
+    forces and link kinematics (poses and contact Jacobians) then run in C (without them, the torch
+    code: several times slower steps). Returns seconds."""
     from diffmech.dynamics import kernels
 
     t0 = time.perf_counter()
     scene, _, _ = scenes.laikago(1)
-    kernels.prepare(scene.models["laikago0"], algorithms=("inverse_dynamics", "mass_matrix"))
+    kernels.prepare(scene.models["laikago0"], algorithms=("inverse_dynamics", "mass_matrix", "kinematics"))
     return time.perf_counter() - t0
 
 

@@ -103,7 +103,8 @@ def markdown(rep: dict) -> list[str]:
     c = rep["checkpoints"]
     lines = [MARK_START, "## Contact rollouts: memory vs horizon (sparse checkpoints)", "",
              generated_by("bench_contact_checkpoints.py", rep), "",
-             f"Native kernels for the robot's mass matrix and bias forces (`diffmech.dynamics.kernels.prepare`). "
+             f"Native kernels for the robot's mass matrix, bias forces and link kinematics "
+             "(`diffmech.dynamics.kernels.prepare`). "
              "`scenes.laikago`, dt 1e-3, float64, zero commanded torque, loss = the chassis' final x + z; gradient "
              f"w.r.t. every torque and the drives' stiffness. *dense*: `checkpoint_every=1` (the default: every "
              f"state kept, they are the returned trajectory); *sparse*: `checkpoint_every = ceil(T / {c})` ({c} "

@@ -115,6 +115,50 @@ def test_gradients_of_state_and_parameters(robots, name, algorithm):
         assert rel_err(a, b) < 1e-10, (name, algorithm, k)
 
 
+def _ran_native(fn, depth: int = 4) -> bool:
+    """Whether a native kernel's node is among the first ``depth`` levels of a graph."""
+    if fn is None or depth < 0:
+        return False
+    return "Native" in type(fn).__name__ or any(_ran_native(f, depth - 1) for f, _ in fn.next_functions)
+
+
+@pytest.mark.parametrize("name", ["chain", "tree", "free"])
+def test_poses_and_world_jacobians_by_the_kinematics_kernel(robots, name):
+    """The contact step's kinematics (every link's pose, the world Jacobians of some links) by the
+    ``kinematics`` kernel: values, and gradients w.r.t. the configuration and the learnable joint
+    origins, against the torch code; world-fixed links (the chain's base) included."""
+    from diffmech.dynamics.kinematics import poses_and_world_jacobians
+
+    robot = copy.deepcopy(robots[name])
+    joint_links = [n for n in robot.link_names if robot.tree.link_body[robot.tree.link(n)] >= 0]
+    robot.make_link_param_learnable(joint_links[-1], "origin_xyz")
+    robot.make_link_param_learnable(joint_links[-1], "origin_rpy")
+    params = list(robot.learnable_parameters().values())
+    links = [robot.link_names[0], *joint_links[-2:]]
+    for B in (1, 21):
+        q = random_state(robot, (B,), seed=B)[0].clone().requires_grad_(True)
+        with kernels.native_mode("never"):
+            T0, J0 = poses_and_world_jacobians(robot, q, links)
+        with kernels.native_mode("build"):
+            T1, J1 = poses_and_world_jacobians(robot, q, links)
+        assert T1.shape == T0.shape == (B, robot.n_links, 4, 4) and J1.shape == J0.shape == (B, 3, 6, robot.nv)
+        assert _ran_native(T1.grad_fn)
+        assert rel_err(T1.detach(), T0.detach()) < 1e-12 and rel_err(J1.detach(), J0.detach()) < 1e-12
+        gen = torch.Generator().manual_seed(B)
+        wT, wJ = torch.randn(T0.shape, dtype=F64, generator=gen), torch.randn(J0.shape, dtype=F64, generator=gen)
+        want = torch.autograd.grad((T0 * wT).sum() + (J0 * wJ).sum(), [q, *params])
+        got = torch.autograd.grad((T1 * wT).sum() + (J1 * wJ).sum(), [q, *params])
+        for k, (a, b) in enumerate(zip(got, want)):
+            assert rel_err(a, b) < 1e-10, (name, B, k)
+        for form in ("matrix", "pos_quat", "pos_rot"):  # forward_kinematics reads the same kernel
+            with kernels.native_mode("never"), torch.no_grad():
+                want = diffmech.forward_kinematics(robot, q, form=form)
+            with kernels.native_mode("build"), torch.no_grad():
+                got = diffmech.forward_kinematics(robot, q, form=form)
+            for a, b in zip(*((got, want) if form != "matrix" else ((got,), (want,)))):
+                assert a.shape == b.shape and rel_err(a, b) < 1e-12, form
+
+
 @pytest.mark.parametrize("name", ["chain", "free"])
 def test_bias_forces_run_the_inverse_dynamics_kernel(robots, name):
     """``bias_forces`` (the contact step's ``h``) by the inverse-dynamics kernel at zero

@@ -34,13 +34,13 @@ from ..errors import OptionError
 from ..model.parameters import ModelTensors
 from ..model.tree import KinematicTree
 from .kernel_store import NativeUnavailable, NotBuilt
-from .lanes import aba_lanes, crba_lanes, rnea_lanes
+from .lanes import aba_lanes, crba_lanes, kinematics_lanes, rnea_lanes
 from .native import LaneKernel, lane_kernel, trace_and_emit
 
 __all__ = ["KernelSpec", "get_kernel", "const_shapes", "code_version", "NativeUnavailable", "ALGORITHMS", "prepare",
            "set_native", "native_mode"]
 
-ALGORITHMS = ("forward_dynamics", "inverse_dynamics", "mass_matrix")
+ALGORITHMS = ("forward_dynamics", "inverse_dynamics", "mass_matrix", "kinematics")
 FIELDS = ModelTensors._fields
 # The model tensors each lane program reads (:mod:`.lanes`); external forces add ``link_p``.
 _KINEMATIC = {"A0", "A1", "A2", "p_tree", "lin_dir", "rot_axis", "lin_axis"}
@@ -49,6 +49,7 @@ _FIELDS_READ = {
     "forward_dynamics": _KINEMATIC | _INERTIAL | {"damping", "stiffness", "rest", "gravity"},
     "inverse_dynamics": _KINEMATIC | _INERTIAL | {"damping", "stiffness", "rest", "gravity"},
     "mass_matrix": _KINEMATIC | _INERTIAL,
+    "kinematics": _KINEMATIC | {"link_R", "link_p"},
 }
 _DTYPES = (torch.float64, torch.float32)
 
@@ -90,13 +91,15 @@ def code_version() -> str:
 
 
 def state_rows(tree: KinematicTree, spec: KernelSpec) -> list[int]:
-    """Rows of the state inputs: ``(q, v, u[, f_ext])`` or ``(q,)`` for the mass matrix."""
-    if spec.algorithm == "mass_matrix":
+    """Rows of the state inputs: ``(q, v, u[, f_ext])`` or ``(q,)`` for the mass matrix and the kinematics."""
+    if spec.algorithm in ("mass_matrix", "kinematics"):
         return [tree.nq]
     return [tree.nq, tree.nv, tree.nv] + ([6 * tree.n_links] if spec.f_ext else [])
 
 
 def out_rows(tree: KinematicTree, spec: KernelSpec) -> int:
+    if spec.algorithm == "kinematics":
+        return 16 * tree.n_links + 6 * tree.nv
     return tree.nv * tree.nv if spec.algorithm == "mass_matrix" else tree.nv
 
 
@@ -110,6 +113,9 @@ def _lane_program(tree: KinematicTree, spec: KernelSpec):
         def fn(*args):
             f = args[3] if spec.f_ext else None
             return rnea_lanes(tree, ModelTensors(*args[n:]), args[0], args[1], args[2], spec.passive, f)
+    elif spec.algorithm == "kinematics":
+        def fn(*args):
+            return kinematics_lanes(tree, ModelTensors(*args[1:]), args[0])
     else:
         def fn(*args):
             return crba_lanes(tree, ModelTensors(*args[1:]), args[0])
@@ -291,7 +297,11 @@ def _torch_vjp(call: NativeCall, state, mt, g, needs) -> list[Tensor | None]:
 
     mtt = ModelTensors(*mt)
     tree = call.tree
-    if call.algorithm == "mass_matrix":
+    if call.algorithm == "kinematics":
+        from .kinematics import kinematics_flat
+
+        out = kinematics_flat(tree, mtt, state[0])
+    elif call.algorithm == "mass_matrix":
         out = crba_flat(tree, mtt, state[0])
     else:
         f = state[3].reshape(state[3].shape[0], tree.n_links, 6) if call.f_ext else None
@@ -419,8 +429,8 @@ def prepare(robot, algorithms=ALGORITHMS, dtypes=(torch.float64,), *, passive=(T
         if algorithm not in ALGORITHMS:
             raise OptionError(f"prepare: unknown algorithm {algorithm!r}; choose from {ALGORITHMS}")
         for dtype, p, f in itertools.product(dtypes, passive, f_ext):
-            if algorithm == "mass_matrix" and (f or not p):
-                continue  # the mass matrix has no external forces and no passive terms
+            if algorithm in ("mass_matrix", "kinematics") and (f or not p):
+                continue  # the mass matrix and the kinematics have no external forces and no passive terms
             call = NativeCall(tree, algorithm, bool(p), bool(f), build=True)
             call.kernel(dtype)
             if gradients:

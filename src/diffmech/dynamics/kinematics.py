@@ -11,6 +11,7 @@ from ..model.parameters import RobotParameters
 from ..model.tree import KinematicTree
 from ._common import TreeState, as_state, bind, generalized_force, joint_q, masks, tree_state
 from .free_flyer import free_flyer_integrate
+from .kernels import default_native
 
 __all__ = ["forward_kinematics", "link_pose", "jacobian", "poses_and_world_jacobians", "center_of_mass", "integrate",
            "link_placements"]
@@ -51,8 +52,15 @@ def forward_kinematics(robot: RobotParameters, q: Tensor, *, form: str = "matrix
     """
     _check_form(form)
     flat, batch = as_state(robot, [("q", q, robot.nq)])
-    tree, mt = bind(robot, flat[0])
-    R, p = link_placements(tree, tree_state(tree, mt, joint_q(tree, flat[0])))
+    out = default_native(robot, "kinematics", flat, True, False)
+    if out is not None:
+        T = out[:, :16 * robot.n_links].view(-1, robot.n_links, 4, 4)
+        if form == "matrix":
+            return T.reshape(*batch, robot.n_links, 4, 4)
+        R, p = T[..., :3, :3], T[..., :3, 3]
+    else:
+        tree, mt = bind(robot, flat[0])
+        R, p = link_placements(tree, tree_state(tree, mt, joint_q(tree, flat[0])))
     return _as_form(R.reshape(*batch, robot.n_links, 3, 3), p.reshape(*batch, robot.n_links, 3), form)
 
 
@@ -171,17 +179,33 @@ def poses_and_world_jacobians(robot: RobotParameters, q: Tensor, links) -> tuple
     """
     idx = [robot.tree.link(link) for link in links]
     flat, batch = as_state(robot, [("q", q, robot.nq)])
-    tree, mt = bind(robot, flat[0])
-    qf = joint_q(tree, flat[0])
+    tree = robot.tree
+    out = default_native(robot, "kinematics", flat, True, False)
+    if out is None:
+        _, mt = bind(robot, flat[0])
+        out = kinematics_flat(tree, mt, joint_q(tree, flat[0]))
+    nl, B = tree.n_links, out.shape[0]
+    T = out[:, :16 * nl].view(B, nl, 4, 4)
+    S = out[:, 16 * nl:].view(B, tree.nv, 6).transpose(1, 2)  # (B, 6, nv of the tree)
+    J = S[:, None] * _link_rows(tree, idx, out)[None, :, None, :]  # (B, L, 6, nv of the tree)
+    return T.reshape(*batch, nl, 4, 4), generalized_force(tree, J).reshape(*batch, len(idx), 6, robot.nv)
+
+
+def _link_rows(tree: KinematicTree, idx: list[int], like: Tensor) -> Tensor:
+    """``(L, nv)``: which of the tree's DoFs move each link of ``idx`` (zero rows for world-fixed links)."""
+    mask_bd, _ = masks(tree, like)
+    body = torch.tensor([tree.link_body[i] for i in idx], dtype=torch.long, device=like.device)
+    return torch.cat([mask_bd, mask_bd.new_zeros(1, mask_bd.shape[-1])])[body]  # body -1: the zero row
+
+
+def kinematics_flat(tree: KinematicTree, mt, qf: Tensor) -> Tensor:
+    """The torch code's link transforms and world motion subspaces in the native kinematics kernel's
+    layout (:func:`~diffmech.dynamics.lanes.kinematics_lanes`): ``qf (B, tree.nq) -> (B, 16 n_links + 6 nv)``."""
     ts = tree_state(tree, mt, qf)
     R, p = link_placements(tree, ts)
-    T = spatial.homogeneous(R, p).reshape(*batch, robot.n_links, 4, 4)
-    mask_bd, _ = masks(tree, qf)
-    S = ts.S.permute(2, 1, 0)  # (B, 6, nv of the tree)
-    rows = torch.stack([mask_bd[tree.link_body[i]] if tree.link_body[i] >= 0 else torch.zeros_like(mask_bd[0])
-                        for i in idx]) if idx else mask_bd.new_zeros(0, S.shape[-1])
-    J = S[:, None] * rows[None, :, None, :]  # (B, L, 6, nv of the tree)
-    return T, generalized_force(tree, J).reshape(*batch, len(idx), 6, robot.nv)
+    T = spatial.homogeneous(R, p)  # (B, nl, 4, 4)
+    S = ts.S.permute(2, 0, 1)  # (B, nv, 6)
+    return torch.cat([T.flatten(1), S.flatten(1)], 1)
 
 
 def center_of_mass(robot: RobotParameters, q: Tensor) -> Tensor:

@@ -29,7 +29,7 @@ from torch import Tensor
 from ..model.parameters import ModelTensors
 from ..model.tree import KinematicTree
 
-__all__ = ["rnea_lanes", "aba_lanes", "crba_lanes"]
+__all__ = ["rnea_lanes", "aba_lanes", "crba_lanes", "kinematics_lanes"]
 
 Vec = list  # 3 lanes
 Mat = list  # 9 lanes, row-major
@@ -507,3 +507,52 @@ def crba_lanes(model: KinematicTree, mt: ModelTensors, qT: Tensor) -> Tensor:
             e, pe, ae = tree.joint(a)
             M[e][d] = M[d][e] = _dot(ae, fl if pe else fa)
     return torch.stack([_stack(row, zero) for row in M])
+
+
+# ---------------------------------------------------------------- kinematics
+def kinematics_lanes(model: KinematicTree, mt: ModelTensors, qT: Tensor) -> Tensor:
+    """World poses of every link and world-frame motion subspaces: ``qT (nq, B) -> (16 n_links + 6 nv, B)``.
+
+    Rows ``16 l .. 16 l + 15``: link ``l``'s homogeneous transform ``T_world_link``, row-major (the
+    last row the constants ``0 0 0 1``); then, per DoF ``d``, rows ``16 n_links + 6 d ..``: its column
+    of the spatial velocity at the world origin, world axes, ``(linear; angular)`` -- the batch-first
+    :func:`~diffmech.dynamics.kinematics.link_placements` and ``TreeState.S`` of the torch code.
+    """
+    tree = _Tree(model, mt)
+    zero = torch.zeros_like(qT[0])
+    one = zero + 1.0
+    Rw: list[Mat] = []
+    pw: list[Vec] = []
+    for b in range(model.nb):
+        R, p = tree.placement(b, qT)
+        par = tree.parent[b]
+        if par < 0:
+            Rw.append(R)
+            pw.append(p)
+        else:
+            Rw.append(_mat_mul(Rw[par], R))
+            pw.append(_add(pw[par], _mv(Rw[par], p)))
+    out: list[Tensor] = []
+    for link, b in enumerate(model.link_body):
+        Rl = [mt.link_R[link, r, c] for r in range(3) for c in range(3)]
+        pl = [mt.link_p[link, r] for r in range(3)]
+        if b >= 0:
+            Rl, pl = _mat_mul(Rw[b], Rl), _add(pw[b], _mv(Rw[b], pl))
+        for r in range(3):
+            out.extend([Rl[3 * r], Rl[3 * r + 1], Rl[3 * r + 2], pl[r]])
+        out.extend([zero, zero, zero, one])
+    cols: list[tuple[Vec, Vec]] = []
+    if tree.nfree:  # the base frame's axes: a linear DoF moves along one, an angular one turns about it
+        for i in range(3):
+            cols.append((_col(Rw[0], i), [zero] * 3))
+        for i in range(3):
+            a = _col(Rw[0], i)
+            cols.append((_cross(pw[0], a), a))
+    for b in range(tree.nfree, model.nb):
+        _, prismatic, axis = tree.joint(b)
+        a = _mv(Rw[b], axis)
+        # a revolute axis through p with direction a moves the world origin with velocity p x a
+        cols.append((a, [zero] * 3) if prismatic else (_cross(pw[b], a), a))
+    for lin, ang in cols:
+        out.extend([*lin, *ang])
+    return _stack(out, zero)
