@@ -73,13 +73,14 @@ def build(scene_name: str, batch: int, device: str = "cpu"):
 def prepare_kernels() -> float:
     """Build (or load from the disk store) the native rigid-body kernels of the laikago's tree, as a
     user does once with :func:`diffmech.dynamics.kernels.prepare`: the scene's mass matrix, bias
-    forces and link kinematics (poses and contact Jacobians) then run in C (without them, the torch
-    code: several times slower steps). Returns seconds."""
+    forces, link kinematics (poses and contact Jacobians) and the floating base's position update
+    then run in C (without them, the torch code: several times slower steps). Returns seconds."""
     from diffmech.dynamics import kernels
 
     t0 = time.perf_counter()
     scene, _, _ = scenes.laikago(1)
-    kernels.prepare(scene.models["laikago0"], algorithms=("inverse_dynamics", "mass_matrix", "kinematics"))
+    kernels.prepare(scene.models["laikago0"],
+                    algorithms=("inverse_dynamics", "mass_matrix", "kinematics", "advance"))
     return time.perf_counter() - t0
 
 

@@ -159,6 +159,38 @@ def test_poses_and_world_jacobians_by_the_kinematics_kernel(robots, name):
                 assert a.shape == b.shape and rel_err(a, b) < 1e-12, form
 
 
+def test_the_floating_base_update_by_the_advance_kernel(robots):
+    """The contact step's position update of a floating base by the ``advance`` kernel: values and
+    gradients w.r.t. the configuration and the velocity equal the torch code's; a rotation of a radian
+    or more per step takes the torch code (closed forms instead of the kernel's series); a fixed base
+    has no such kernel (``prepare`` skips it)."""
+    from diffmech.dynamics.kinematics import advance_floating_base
+
+    robot = robots["free"]
+    gen = torch.Generator().manual_seed(4)
+    q, v, _, _ = random_state(robot, (17,), seed=4)
+    q = torch.cat([q[:, :3], 1.3 * q[:, 3:7], q[:, 7:]], -1)  # a quaternion off unit norm: normalised in use
+    for dt, scale in ((1e-3, 1.0), (0.01, 20.0), (0.5, 10.0)):  # the last: |dt w| > 1 rad, the torch code
+        qg, vg = q.clone().requires_grad_(True), (scale * v).clone().requires_grad_(True)
+        with kernels.native_mode("never"):
+            want = advance_floating_base(robot, qg, vg, dt)
+        with kernels.native_mode("build"):
+            got = advance_floating_base(robot, qg, vg, dt)
+        native = any(_ran_native(x.grad_fn) for x in got)
+        assert native == (float((dt * vg.detach()[:, 3:6]).norm(dim=-1).amax()) < 1.0), (dt, scale)
+        for a, b in zip(got, want):
+            assert rel_err(a.detach(), b.detach()) < 1e-13, (dt, scale)
+        w = [torch.randn(x.shape, dtype=F64, generator=gen) for x in want]
+        g_want = torch.autograd.grad(sum((x * wi).sum() for x, wi in zip(want, w)), (qg, vg))
+        g_got = torch.autograd.grad(sum((x * wi).sum() for x, wi in zip(got, w)), (qg, vg))
+        for a, b in zip(g_got, g_want):
+            assert rel_err(a, b) < 1e-12, (dt, scale)
+    chain = robots["chain"]
+    kernels.prepare(chain, algorithms=("advance",))  # nothing to build, no error
+    with pytest.raises(kernels.NativeUnavailable):
+        kernels.NativeCall(chain.tree, "advance", True, False, build=False).kernel(F64)
+
+
 @pytest.mark.parametrize("name", ["chain", "free"])
 def test_bias_forces_run_the_inverse_dynamics_kernel(robots, name):
     """``bias_forces`` (the contact step's ``h``) by the inverse-dynamics kernel at zero

@@ -34,13 +34,15 @@ from ..errors import OptionError
 from ..model.parameters import ModelTensors
 from ..model.tree import KinematicTree
 from .kernel_store import NativeUnavailable, NotBuilt
-from .lanes import aba_lanes, crba_lanes, kinematics_lanes, rnea_lanes
+from .lanes import aba_lanes, advance_lanes, crba_lanes, kinematics_lanes, rnea_lanes
 from .native import LaneKernel, lane_kernel, trace_and_emit
 
 __all__ = ["KernelSpec", "get_kernel", "const_shapes", "code_version", "NativeUnavailable", "ALGORITHMS", "prepare",
            "set_native", "native_mode"]
 
-ALGORITHMS = ("forward_dynamics", "inverse_dynamics", "mass_matrix", "kinematics")
+ALGORITHMS = ("forward_dynamics", "inverse_dynamics", "mass_matrix", "kinematics", "advance")
+# algorithms without passive terms or external forces (one variant)
+_PLAIN = ("mass_matrix", "kinematics", "advance")
 FIELDS = ModelTensors._fields
 # The model tensors each lane program reads (:mod:`.lanes`); external forces add ``link_p``.
 _KINEMATIC = {"A0", "A1", "A2", "p_tree", "lin_dir", "rot_axis", "lin_axis"}
@@ -50,6 +52,7 @@ _FIELDS_READ = {
     "inverse_dynamics": _KINEMATIC | _INERTIAL | {"damping", "stiffness", "rest", "gravity"},
     "mass_matrix": _KINEMATIC | _INERTIAL,
     "kinematics": _KINEMATIC | {"link_R", "link_p"},
+    "advance": set(),
 }
 _DTYPES = (torch.float64, torch.float32)
 
@@ -94,12 +97,16 @@ def state_rows(tree: KinematicTree, spec: KernelSpec) -> list[int]:
     """Rows of the state inputs: ``(q, v, u[, f_ext])`` or ``(q,)`` for the mass matrix and the kinematics."""
     if spec.algorithm in ("mass_matrix", "kinematics"):
         return [tree.nq]
+    if spec.algorithm == "advance":  # (q, v, dt)
+        return [tree.nq, tree.nv, 1]
     return [tree.nq, tree.nv, tree.nv] + ([6 * tree.n_links] if spec.f_ext else [])
 
 
 def out_rows(tree: KinematicTree, spec: KernelSpec) -> int:
     if spec.algorithm == "kinematics":
         return 16 * tree.n_links + 6 * tree.nv
+    if spec.algorithm == "advance":
+        return tree.nq + tree.nv
     return tree.nv * tree.nv if spec.algorithm == "mass_matrix" else tree.nv
 
 
@@ -116,6 +123,9 @@ def _lane_program(tree: KinematicTree, spec: KernelSpec):
     elif spec.algorithm == "kinematics":
         def fn(*args):
             return kinematics_lanes(tree, ModelTensors(*args[1:]), args[0])
+    elif spec.algorithm == "advance":
+        def fn(*args):
+            return advance_lanes(tree, ModelTensors(*args[3:]), args[0], args[1], args[2])
     else:
         def fn(*args):
             return crba_lanes(tree, ModelTensors(*args[1:]), args[0])
@@ -301,6 +311,10 @@ def _torch_vjp(call: NativeCall, state, mt, g, needs) -> list[Tensor | None]:
         from .kinematics import kinematics_flat
 
         out = kinematics_flat(tree, mtt, state[0])
+    elif call.algorithm == "advance":
+        from .kinematics import advance_flat
+
+        out = advance_flat(state[0], state[1], state[2])
     elif call.algorithm == "mass_matrix":
         out = crba_flat(tree, mtt, state[0])
     else:
@@ -429,8 +443,10 @@ def prepare(robot, algorithms=ALGORITHMS, dtypes=(torch.float64,), *, passive=(T
         if algorithm not in ALGORITHMS:
             raise OptionError(f"prepare: unknown algorithm {algorithm!r}; choose from {ALGORITHMS}")
         for dtype, p, f in itertools.product(dtypes, passive, f_ext):
-            if algorithm in ("mass_matrix", "kinematics") and (f or not p):
-                continue  # the mass matrix and the kinematics have no external forces and no passive terms
+            if algorithm in _PLAIN and (f or not p):
+                continue  # no external forces and no passive terms in these
+            if algorithm == "advance" and not tree.nfree:
+                continue  # a floating base's update: nothing to build for a fixed base
             call = NativeCall(tree, algorithm, bool(p), bool(f), build=True)
             call.kernel(dtype)
             if gradients:

@@ -14,7 +14,7 @@ from .free_flyer import free_flyer_integrate
 from .kernels import default_native
 
 __all__ = ["forward_kinematics", "link_pose", "jacobian", "poses_and_world_jacobians", "center_of_mass", "integrate",
-           "link_placements"]
+           "link_placements", "advance_floating_base"]
 
 FRAMES = ("world_aligned", "local", "world")
 
@@ -245,3 +245,45 @@ def integrate(model: RobotParameters, q: Tensor, v: Tensor, dt: float | Tensor =
     if not model.floating_base:
         return (qf + dv).reshape(*batch, model.nq)
     return free_flyer_integrate(qf, dv).reshape(*batch, model.nq)
+
+
+def advance_flat(q: Tensor, v: Tensor, dt) -> Tensor:
+    """:func:`advance_floating_base` in torch code on flat ``q (B, nq), v (B, nv)`` (``dt``: a float or
+    ``(B, 1)``) -> ``(B, nq + nv)``; what the native ``advance`` kernel computes."""
+    Rk = spatial.quat_to_matrix(q[:, 3:7] / q[:, 3:7].norm(dim=-1, keepdim=True))
+    vw = (Rk @ v[:, :3, None])[..., 0]
+    rot = free_flyer_integrate(q, torch.cat([torch.zeros_like(vw), v[:, 3:]], -1) * dt)
+    q1 = torch.cat([q[:, :3] + dt * vw, rot[:, 3:]], -1)
+    R1 = spatial.quat_to_matrix(q1[:, 3:7])
+    return torch.cat([q1, (R1.transpose(-1, -2) @ vw[..., None])[..., 0], v[:, 3:]], -1)
+
+
+def advance_floating_base(robot: RobotParameters, q: Tensor, v: Tensor, dt: float) -> tuple[Tensor, Tensor]:
+    """Positions after a time step of a floating-base robot whose base velocity is held in the base
+    frame of the step's start: the contact step's update (:func:`diffmech.sim.contact_step`).
+
+    The base moves by ``dt R_k v_lin`` in world axes and turns by ``dt w`` (body frame), the joints by
+    ``dt v_j``, and the base's linear velocity is re-expressed in the new base frame
+    (``R_1^T R_k v_lin``): a symplectic Euler step of the world-frame translation. On the CPU by the
+    native ``advance`` kernel once built for the tree (:func:`diffmech.dynamics.kernels.prepare`), for
+    rotations below one radian per step.
+
+    Args:
+        q: (B, nq) configuration; v: (B, nv) velocity at the step's end (base twist in the base frame
+            of the step's start); dt: s.
+
+    Returns:
+        ``(q1 (B, nq), v1 (B, nv))``.
+    """
+    from .lanes import SERIES_BELOW
+
+    flat, batch = as_state(robot, [("q", q, robot.nq), ("v", v, robot.nv)])
+    qf, vf = flat
+    out = None
+    with torch.no_grad():
+        small = float(vf[:, 3:6].square().sum(-1).amax()) * dt * dt < SERIES_BELOW if qf.shape[0] else False
+    if small:
+        out = default_native(robot, "advance", [qf, vf, qf.new_full((qf.shape[0], 1), dt)], True, False)
+    if out is None:
+        out = advance_flat(qf, vf, dt)
+    return out[:, :robot.nq].reshape(*batch, robot.nq), out[:, robot.nq:].reshape(*batch, robot.nv)

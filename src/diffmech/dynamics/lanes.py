@@ -21,6 +21,7 @@ A symmetric 6x6 matrix (spatial inertia, articulated inertia) is kept as blocks 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -29,7 +30,7 @@ from torch import Tensor
 from ..model.parameters import ModelTensors
 from ..model.tree import KinematicTree
 
-__all__ = ["rnea_lanes", "aba_lanes", "crba_lanes", "kinematics_lanes"]
+__all__ = ["rnea_lanes", "aba_lanes", "crba_lanes", "kinematics_lanes", "advance_lanes", "SERIES_BELOW"]
 
 Vec = list  # 3 lanes
 Mat = list  # 9 lanes, row-major
@@ -556,3 +557,51 @@ def kinematics_lanes(model: KinematicTree, mt: ModelTensors, qT: Tensor) -> Tens
     for lin, ang in cols:
         out.extend([*lin, *ang])
     return _stack(out, zero)
+
+
+# ---------------------------------------------------------------- a contact step's position update
+# The free-flyer coefficients s(t) = sin(t/2)/t and cos(t/2) of a rotation by t = |w| as Taylor series in
+# t^2 (to t^14: error below 1e-16 for t^2 < 1, the torch code's own threshold; larger rotations are
+# the caller's to route to the torch code, which switches to closed forms).
+SERIES_BELOW = 1.0
+_S_SERIES = [(-1) ** n / (2 ** (2 * n + 1) * math.factorial(2 * n + 1)) for n in range(8)]
+_CW_SERIES = [(-1) ** n / (2 ** (2 * n) * math.factorial(2 * n)) for n in range(8)]
+
+
+def _horner(coef: list[float], x):
+    out = coef[-1] * x + coef[-2]
+    for a in reversed(coef[:-2]):
+        out = out * x + a
+    return out
+
+
+def advance_lanes(model: KinematicTree, mt: ModelTensors, qT: Tensor, vT: Tensor, dtT: Tensor) -> Tensor:
+    """A floating base's position update of the contact step: ``qT (nq, B), vT (nv, B), dtT (1, B) ->
+    (nq + nv, B)``, the new configuration and the velocity re-expressed in the new base frame.
+
+    The base translates by ``dt R_k v_lin`` in world axes, turns by ``dt w`` (body frame, the
+    quaternion product with ``e(dt w)``, normalised), the joints move by ``dt v_j``, and the linear
+    velocity (held in the base frame of step ``k``) is expressed in the new one: ``R_1^T R_k v_lin``
+    (see :func:`diffmech.sim.contact_step._advance`, whose torch code this equals to rounding).
+    Rotations per step below ``t^2 < SERIES_BELOW`` only (the series).
+    """
+    dt = dtT[0]
+    x, y, z, w = (qT[3 + i] for i in range(4))
+    Rk = _quat_matrix([x, y, z, w])
+    vl = [vT[0], vT[1], vT[2]]
+    vw = _mv(Rk, vl)
+    rot = [vT[3] * dt, vT[4] * dt, vT[5] * dt]
+    t2 = _dot(rot, rot)
+    s, cw = _horner(_S_SERIES, t2), _horner(_CW_SERIES, t2)
+    ev = _scale(rot, s)
+    # quat * e (Hamilton, (x, y, z, w)): (w ev + cw qv + qv x ev, w cw - qv . ev)
+    qv = [x, y, z]
+    mv = _add(_add(_scale(ev, w), _scale(qv, cw)), _cross(qv, ev))
+    mw = w * cw - _dot(qv, ev)
+    inv = torch.rsqrt(_dot(mv, mv) + mw * mw)
+    quat1 = [mv[0] * inv, mv[1] * inv, mv[2] * inv, mw * inv]
+    R1 = _quat_matrix(quat1)
+    out = [qT[i] + dt * vw[i] for i in range(3)] + quat1
+    out += [qT[7 + j] + dt * vT[6 + j] for j in range(model.nq - 7)]
+    out += _mtv(R1, vw) + [vT[3 + i] for i in range(model.nv - 3)]
+    return _stack(out, dt)

@@ -127,7 +127,8 @@ class Ant(DiffEnv):
             native = torch.device(device or "cpu").type == "cpu" and native_available()
         if native:
             try:
-                kernels.prepare(robot, algorithms=("inverse_dynamics", "mass_matrix", "kinematics"), dtypes=(dtype,))
+                kernels.prepare(robot, algorithms=("inverse_dynamics", "mass_matrix", "kinematics", "advance"),
+                                dtypes=(dtype,))
             except NativeUnavailable as err:  # no compiler, a failed build: the torch code does the same
                 warnings.warn(f"Ant: native kernels unavailable ({err}); the contact step runs as torch code",
                               RuntimeWarning, stacklevel=2)

@@ -36,7 +36,7 @@ from ..contact.pgs import pgs
 from ..contact.smooth import smooth_solve
 from ..dynamics._jacobian import JACOBIAN_MAX_BATCH, one_thread
 from ..dynamics.free_flyer import free_flyer_integrate
-from ..dynamics.kinematics import poses_and_world_jacobians
+from ..dynamics.kinematics import advance_floating_base, poses_and_world_jacobians
 from ..errors import ModelError, ShapeError
 from ..model.collision import Shape
 from ..spatial import quat_to_matrix, rpy_to_matrix, skew
@@ -223,13 +223,7 @@ def _advance(scene: Scene, qs: dict, vs: dict, dt: float, free: list[str]) -> tu
         if not m.floating_base:
             qo[n], vo[n] = m.integrate(q, v, dt), v
             continue
-        Rk = quat_to_matrix(q[..., 3:7] / q[..., 3:7].norm(dim=-1, keepdim=True))
-        vw = (Rk @ v[..., :3, None])[..., 0]
-        rot = m.integrate(q, torch.cat([torch.zeros_like(vw), v[..., 3:]], -1), dt)
-        q1 = torch.cat([q[..., :3] + dt * vw, rot[..., 3:]], -1)
-        R1 = quat_to_matrix(q1[..., 3:7])
-        qo[n] = q1
-        vo[n] = torch.cat([(R1.transpose(-1, -2) @ vw[..., None])[..., 0], v[..., 3:]], -1)
+        qo[n], vo[n] = advance_floating_base(m, q, v, dt)
     return torch.cat([qo[n] for n in scene.names], -1), torch.cat([vo[n] for n in scene.names], -1)
 
 
