@@ -191,6 +191,33 @@ def test_the_floating_base_update_by_the_advance_kernel(robots):
         kernels.NativeCall(chain.tree, "advance", True, False, build=False).kernel(F64)
 
 
+def test_a_contact_rollout_with_kernels_equals_the_torch_code():
+    """The laikago standing on its toes, 30 contact steps (checkpointed adjoint) with every kernel the
+    contact step reads (mass matrix, bias forces, kinematics, the floating base's update) against the
+    same rollout in torch code: states and the gradient w.r.t. the torques and the drives' stiffness."""
+    pytest.importorskip("pybullet_data")
+    from diffmech.sim import rollout, scenes
+
+    def run(mode):
+        kp = torch.tensor(1000.0, dtype=F64, requires_grad=True)
+        scene, q0, v0 = scenes.laikago(1, stiffness=kp)
+        scene.tol, scene.iterations = 1e-15, 1000  # the impulses to rounding: no early stop decides the last digits
+        q0, v0 = q0.expand(2, -1).clone(), v0.expand(2, -1) + torch.tensor([0.05, -0.05], dtype=F64)[:, None]
+        tau = torch.zeros(2, 30, scene.nv, dtype=F64, requires_grad=True)
+        with kernels.native_mode(mode):
+            if mode == "build":
+                kernels.prepare(scene.models["laikago0"], algorithms=("inverse_dynamics", "mass_matrix",
+                                                                      "kinematics", "advance"))
+            qs, _ = rollout(scene, q0, v0, tau, 1e-3, adjoint="checkpoint")
+            loss = (qs[:, -1, 0] + qs[:, -1, 2]).sum()
+            loss.backward()
+        return qs.detach(), tau.grad, kp.grad
+
+    got, want = run("build"), run("never")
+    for a, b in zip(got, want):
+        assert rel_err(a, b) < 1e-11
+
+
 @pytest.mark.parametrize("name", ["chain", "free"])
 def test_bias_forces_run_the_inverse_dynamics_kernel(robots, name):
     """``bias_forces`` (the contact step's ``h``) by the inverse-dynamics kernel at zero

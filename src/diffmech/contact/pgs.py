@@ -26,6 +26,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from ..errors import ShapeError
 from .pgs_native import native_sweeps
 
 __all__ = ["PGSResult", "pgs"]
@@ -86,17 +87,22 @@ def _sweeps(A: Tensor, c: Tensor, mu: Tensor, iterations: int, tol: float, check
     return torch.stack(lam, dim=1), it, residual
 
 
-def _modes(lam: Tensor, A: Tensor, c: Tensor, mu: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Masks (B, K): in contact (normal impulse > 0), sliding (friction on the disc's edge), and
-    tangent rows that carry no impulse at all (mu = 0 or no tangent rows)."""
+def _state(lam: Tensor, A: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(D^-1, w = A lam + c, z = lam_t - D_t^-1 w_t)`` per block, ``(B, K, 3)`` each (``z``: ``(B, K, 2)``)."""
     B, K, _ = lam.shape
-    ln, lt = lam[..., 0], lam[..., 1:]
     inv = _inverse_diagonal(A).reshape(B, K, 3)
+    w = ((A @ lam.reshape(B, -1, 1))[..., 0] + c).reshape(B, K, 3)
+    return inv, w, lam[..., 1:] - w[..., 1:] * inv[..., 1:]
+
+
+def _modes(lam: Tensor, A: Tensor, c: Tensor, mu: Tensor, state: tuple | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Masks (B, K): in contact (normal impulse > 0), sliding (friction on the disc's edge), and
+    tangent rows that carry no impulse at all (mu = 0 or no tangent rows). ``state``: :func:`_state`."""
+    ln, lt = lam[..., 0], lam[..., 1:]
+    inv, w, z = state if state is not None else _state(lam, A, c)
     active = ln > 0
     bound = mu * ln
     free_t = (bound <= 0) | (inv[..., 1:] == 0).all(-1)
-    w = ((A @ lam.reshape(B, -1, 1))[..., 0] + c).reshape(B, K, 3)
-    z = lt - w[..., 1:] * inv[..., 1:]
     # On the disc's edge and pushed outwards: the projection is what holds the friction there.
     sliding = active & ~free_t & (z.norm(dim=-1) > bound * (1 + 1e-9)) & (lt.norm(dim=-1) >= bound * (1 - 1e-7))
     return active, sliding, free_t
@@ -122,7 +128,7 @@ def _residual(lam: Tensor, A: Tensor, c: Tensor, mu: Tensor, active: Tensor, sli
 
 
 def _residual_jacobian(lam: Tensor, A: Tensor, c: Tensor, mu: Tensor, active: Tensor, sliding: Tensor,
-                       free_t: Tensor) -> tuple[Tensor, Tensor, dict]:
+                       free_t: Tensor, state: tuple | None = None) -> tuple[Tensor, Tensor, dict]:
     """``J = dF/dlam`` of :func:`_residual` in closed form, ``(B, 3K, 3K)``, the mask of the rows
     that read ``w`` (``(B, 3K)``), and the sliding blocks' pieces the parameter gradients reuse.
 
@@ -131,9 +137,7 @@ def _residual_jacobian(lam: Tensor, A: Tensor, c: Tensor, mu: Tensor, active: Te
     ``E_t - mu z_hat e_n^T - mu lam_n P (E_t - D_t A_t)``, ``P = (I - z_hat z_hat^T) / |z|``."""
     B, K, _ = lam.shape
     R = 3 * K
-    inv = _inverse_diagonal(A).reshape(B, K, 3)
-    w = ((A @ lam.reshape(B, R, 1))[..., 0] + c).reshape(B, K, 3)
-    z = lam[..., 1:] - w[..., 1:] * inv[..., 1:]
+    inv, w, z = state if state is not None else _state(lam, A, c)
     zn = z.norm(dim=-1).clamp_min(1e-300)
     z_hat = z / zn[..., None]
     stick = active & ~free_t & ~sliding
@@ -186,8 +190,9 @@ class _ImplicitPGS(torch.autograd.Function):
         lam, A, c, mu = ctx.saved_tensors
         B, K, _ = lam.shape
         R = 3 * K
-        active, sliding, free_t = _modes(lam, A, c, mu)
-        J, wrow, parts = _residual_jacobian(lam, A, c, mu, active, sliding, free_t)
+        state = _state(lam, A, c)
+        active, sliding, free_t = _modes(lam, A, c, mu, state)
+        J, wrow, parts = _residual_jacobian(lam, A, c, mu, active, sliding, free_t, state)
         # J^T u = grad. Least norm: a statically indeterminate contact (four corners of a box on
         # the ground) leaves a null space in the normal impulses that moves no velocity.
         u = _least_norm_solve(J.transpose(-1, -2), grad.reshape(B, R, 1))[..., 0]
@@ -224,7 +229,8 @@ class _ImplicitPGS(torch.autograd.Function):
 
 
 def pgs(A: Tensor, c: Tensor, mu: Tensor, *, iterations: int = 50, tol: float = 1e-9,
-        check_every: int = 4, lam0: Tensor | None = None, native: bool = True) -> PGSResult:
+        check_every: int = 4, lam0: Tensor | None = None, native: bool = True,
+        solution: Tensor | None = None) -> PGSResult:
     """Solve the contact problem above by projected Gauss-Seidel.
 
     Args:
@@ -237,6 +243,9 @@ def pgs(A: Tensor, c: Tensor, mu: Tensor, *, iterations: int = 50, tol: float = 
         lam0: optional (B, K, 3) starting impulses (a warm start, e.g. the previous step's).
         native: run the sweeps in C on the CPU where possible (:mod:`.pgs_native`; each
             environment then stops on its own when converged), else in torch.
+        solution: (B, K, 3) impulses this solver returned for the same problem before: no sweeps,
+            the result is that solution with its gradient (``iterations`` 0, ``residual`` 0), as a
+            backward pass that recomputes a step needs it.
 
     Returns:
         :class:`PGSResult`; ``lam`` is differentiable w.r.t. ``A``, ``c`` and ``mu`` (implicit
@@ -246,6 +255,13 @@ def pgs(A: Tensor, c: Tensor, mu: Tensor, *, iterations: int = 50, tol: float = 
     K = R // 3
     if K == 0:
         return PGSResult(c.new_zeros(B, 0, 3), 0, 0.0)
+    if solution is not None:
+        if solution.shape != (B, K, 3):
+            raise ShapeError(f"pgs: solution must be ({B}, {K}, 3) for this problem, got {tuple(solution.shape)}")
+        lam = solution.detach()
+        if A.requires_grad or c.requires_grad or mu.requires_grad:
+            lam = _ImplicitPGS.apply(lam, A, c, mu)
+        return PGSResult(lam, 0, 0.0)
     with torch.no_grad():
         args = (A.detach(), c.detach(), mu.detach(), iterations, tol, check_every,
                 None if lam0 is None else lam0.detach())

@@ -275,8 +275,10 @@ class _Native(torch.autograd.Function):
     derivatives stay exact."""
 
     @staticmethod
-    def forward(ctx, call: NativeCall, C: Tensor, n_state: int, *inputs: Tensor) -> Tensor:
-        ctx.call, ctx.C, ctx.n_state = call, C, n_state
+    def forward(ctx, call: NativeCall, C: Tensor, n_state: int, mt: tuple, *inputs: Tensor) -> Tensor:
+        # inputs: the state, then the model tensors when one of them requires grad (else none: fewer
+        # arguments for autograd to track in the common case); ``mt`` all of them, for create_graph
+        ctx.call, ctx.C, ctx.n_state, ctx.mt = call, C, n_state, mt
         ctx.save_for_backward(*inputs)
         return call.value(list(inputs[:n_state]), C)
 
@@ -284,9 +286,10 @@ class _Native(torch.autograd.Function):
     def backward(ctx, g: Tensor):
         inputs = ctx.saved_tensors
         n, call = ctx.n_state, ctx.call
-        needs = ctx.needs_input_grad[3:]
+        needs = ctx.needs_input_grad[4:]
         if torch.is_grad_enabled():
-            return (None, None, None, *_torch_vjp(call, inputs[:n], inputs[n:], g, needs))
+            got = _torch_vjp(call, inputs[:n], inputs[n:] or ctx.mt, g, list(needs) + [False] * len(ctx.mt))
+            return (None, None, None, None, *got[:len(inputs)])
         fields = call.fields_read([nd for nd in needs[n:]])
         grads, reds = call.pullback(list(inputs[:n]), ctx.C, g, fields,
                                     [call.offsets[i] for i in fields])
@@ -296,7 +299,7 @@ class _Native(torch.autograd.Function):
         for i, r in zip(fields, reds):
             t = inputs[n + i]
             field_grads[i] = r.view(t.shape).to(t.dtype)
-        return (None, None, None, *out, *field_grads)
+        return (None, None, None, None, *out, *field_grads)
 
 
 def _torch_vjp(call: NativeCall, state, mt, g, needs) -> list[Tensor | None]:
@@ -351,9 +354,10 @@ def call_native_with(call: NativeCall, state: list[Tensor], mt, C: Tensor | None
     if not torch.is_grad_enabled() or not (any(x.requires_grad for x in state)
                                            or any(t.requires_grad for t in mt)):
         return call.value(state, C)
-    fields = call.fields_read([t.requires_grad for t in mt])
+    wanted = [t.requires_grad for t in mt]
+    fields = call.fields_read(wanted)
     call.kernel(dtype, True, fields)  # raise now, not in backward, if it is missing
-    return _Native.apply(call, C, len(state), *state, *mt)
+    return _Native.apply(call, C, len(state), tuple(mt), *state, *(mt if any(wanted) else ()))
 
 
 # ---------------------------------------------------------------- the default path of the public functions

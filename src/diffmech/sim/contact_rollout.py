@@ -64,7 +64,7 @@ class _Checkpointed(torch.autograd.Function):
                 info: dict = {}
                 q, v = contact_step(scene, q, v, ctrl(k, q, v, tau), dt, info, warm=prev)
                 prev = info["lam"]
-                if (k + 1) % K == 0 and k + 1 < T:
+                if ((k + 1) % K == 0 and k + 1 < T) or k + 1 == T:  # the last: the final step's own impulses
                     warm[k + 1] = prev
                 if k % 32 == 31 or k == T - 1:
                     _check(k, q, v)
@@ -104,6 +104,8 @@ class _Checkpointed(torch.autograd.Function):
                 if K > 1:
                     seg_bytes = max(seg_bytes, sum(x.numel() * x.element_size() for _, q, v, w in seg[1:]
                                                    for x in (q, v, *w.values())))
+                # each step's own impulses: the next step's warm start, the last one's kept at the checkpoint
+                seg = [(k, q, v, w, nxt) for (k, q, v, w), nxt in zip(seg, [x[3] for x in seg[1:]] + [ctx.warm[e]])]
                 aq, av = _reverse(ctx, gQ, gV, seg, tau, params, aq, av, gtau, gp)
         if ctx.stats is not None:
             ctx.stats["backward_segment_bytes"] = seg_bytes
@@ -127,14 +129,15 @@ def _reverse(ctx, gQ, gV, seg, tau, params, aq, av, gtau, gp):
     """Walk a segment's steps backwards: recompute each under autograd, pull the adjoint through it;
     returns the adjoint at the segment's first state and accumulates into ``gtau`` and ``gp``."""
     scene, ctrl, dt = ctx.scene, ctx.ctrl, ctx.dt
-    for k, qk, vk, warm in reversed(seg):
+    for k, qk, vk, warm, lam in reversed(seg):
         with torch.enable_grad():
             q = qk.detach().requires_grad_()
             v = vk.detach().requires_grad_()
             tk = tau[:, k].detach().requires_grad_() if ctx.has_tau else None
             u = tk if tk is not None else ctrl(k, q, v, None)
-            # the forward pass's warm start: the recomputed step is the forward step, bit for bit
-            q1, v1 = contact_step(scene, q, v, u, dt, warm=warm)
+            # the forward step's contact set and impulses (or, for the smooth solver, its warm start): the
+            # recomputed step is the forward step, bit for bit
+            q1, v1 = contact_step(scene, q, v, u, dt, warm=warm, replay=lam)
             ins = [q, v] + ([tk] if tk is not None else []) + list(params)
             gs = torch.autograd.grad((q1, v1), ins, (aq, av), allow_unused=True)
         present = [g for g in gs if g is not None]

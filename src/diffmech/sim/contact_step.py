@@ -19,14 +19,18 @@ that the seed's simulator and most robotics engines use):
 
 Candidates that cannot touch within the step in any environment of the batch are dropped before
 the solve (a broad phase on bounding spheres, then on the signed distance against the relative
-speed), so the solver sees only the candidates that matter. Every operation is differentiable; the
-rollout's checkpointed backward recomputes a step under autograd and differentiates through it.
+speed), so the solver sees only the candidates that matter. The shapes of a model are placed in one
+pass, and the spheres and capsules near the ground -- robots' feet -- are tested in one batched pass
+per kind. Every operation is differentiable; the rollout's checkpointed backward recomputes a step
+under autograd from the forward step's contact set and impulses (``replay``: no broad phase, no
+selection, no sweeps, the same result bit for bit) and differentiates through it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import warnings
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -100,7 +104,7 @@ def _adjacent(robot, a: str, b: str) -> bool:
     return la == lb or t.link_parent[la] == lb or t.link_parent[lb] == la
 
 
-def _broad_phase(scene: Scene, items: list, reach: float) -> tuple[list[int], list[tuple[int, int]]]:
+def _broad_phase(scene: Scene, items: list, P: Tensor | None, reach: float) -> tuple[list[int], list[tuple[int, int]]]:
     """Shapes that may touch the ground, and pairs of shapes that may touch each other, within one
     step in any environment: bounding spheres tested all at once (one ``(B, N, N)`` distance
     table and one transfer to the host), so a scene of many bodies pays the narrow phase only
@@ -108,8 +112,8 @@ def _broad_phase(scene: Scene, items: list, reach: float) -> tuple[list[int], li
     and never across a joint."""
     if not items:
         return [], []
-    P = torch.stack([it[4] for it in items], 1).detach()  # (B, N, 3)
-    rad = P.new_tensor([it[6] for it in items])  # (N,)
+    P = P.detach()  # (B, N, 3) the shapes' centres
+    rad = P.new_tensor([it[4] for it in items])  # (N,)
     N = len(items)
     key = (scene.self_collision, tuple(it[:2] for it in items))
     cache = scene.__dict__.setdefault("_pair_masks", {})
@@ -132,6 +136,155 @@ def _broad_phase(scene: Scene, items: list, reach: float) -> tuple[list[int], li
     return ground, [tuple(ij) for ij in close.nonzero().tolist()]
 
 
+class _Layout(NamedTuple):
+    links: Tensor  # (S,) link index of each shape
+    R: Tensor | None  # (S, 3, 3) shape rotations in their links (None: all identity)
+    xyz: Tensor | None  # (S, 3) shape offsets (None: all zero)
+    shapes: list  # (link, index on the link, Shape, row of the link among the model's shaped links)
+
+
+_LAYOUTS: dict = {}
+
+
+def _shape_layout(scene: Scene, n: str, dtype, device) -> _Layout:
+    """Model ``n``'s shapes as index and offset tensors, built once per layout, dtype and device."""
+    m = scene.models[n]
+    shaped = list(scene.shapes[n])
+    shapes = [(link, k, sh, j) for j, link in enumerate(shaped) for k, sh in enumerate(scene.shapes[n][link])]
+    key = (tuple(m.link_names), tuple((link, k, sh.kind, sh.rpy, sh.xyz) for link, k, sh, _ in shapes), dtype, device)
+    got = _LAYOUTS.get(key)
+    if got is None:
+        links = torch.tensor([m.link_names.index(link) for link, _, _, _ in shapes], dtype=torch.long, device=device)
+        frames = [_shape_frame(sh, dtype, device) for _, _, sh, _ in shapes]
+        eye, zero = torch.eye(3, dtype=dtype, device=device), torch.zeros(3, dtype=dtype, device=device)
+        # identity and zero where a shape has no offset: exact in the products (x 1 + y 0 + z 0 = x)
+        R = torch.stack([eye if Rs is None else Rs for Rs, _ in frames]) if any(f[0] is not None for f in frames) \
+            else None
+        xyz = torch.stack([zero if x is None else x for _, x in frames]) if any(f[1] is not None for f in frames) \
+            else None
+        got = _LAYOUTS[key] = _Layout(links, R, xyz, shapes)
+    return got
+
+
+def _free_layout(scene: Scene, free: list[str], dtype, device) -> tuple[Tensor, _Layout, list]:
+    """The free bodies' shapes: each shape's body (index into ``free``), their offsets as a
+    :class:`_Layout` (``links`` unused) and ``(model, link, index, Shape)`` per shape; cached."""
+    shapes = [(n, link, k, sh) for n in free for link, shs in scene.shapes[n].items() for k, sh in enumerate(shs)]
+    key = ("free", tuple(free), tuple((n, link, k, sh.kind, sh.rpy, sh.xyz) for n, link, k, sh in shapes), dtype,
+           device)
+    got = _LAYOUTS.get(key)
+    if got is None:
+        body = torch.tensor([free.index(n) for n, _, _, _ in shapes], dtype=torch.long, device=device)
+        frames = [_shape_frame(sh, dtype, device) for _, _, _, sh in shapes]
+        eye, zero = torch.eye(3, dtype=dtype, device=device), torch.zeros(3, dtype=dtype, device=device)
+        R = torch.stack([eye if Rs is None else Rs for Rs, _ in frames]) if any(f[0] is not None for f in frames) \
+            else None
+        xyz = torch.stack([zero if x is None else x for _, x in frames]) if any(f[1] is not None for f in frames) \
+            else None
+        got = _LAYOUTS[key] = (body, _Layout(body, R, xyz, []), shapes)
+    return got
+
+
+class _Touching(NamedTuple):
+    """Groups of candidates (a shape on the ground or a pair of shapes) side by side."""
+
+    bodies: list  # per group: row of the body in the world Jacobians, or a pair (a, b) of rows (relative)
+    keys: list  # per group: (i, -1) or (i, j), items' indices
+    coef: list  # per group: the arguments of Scene.coefficients
+    counts: list  # per group: number of candidates
+    phi: Tensor  # (B, m)
+    point: Tensor  # (B, m, 3)
+    normal: Tensor | None  # (B, m, 3); None: the ground's +z for all
+
+
+# (normal, tangent, tangent) of the ground: +z, then the tangents _tangents gives +z: +y and -x
+_GROUND_FRAME = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0], [-1.0, 0.0, 0.0]], dtype=torch.float64)
+
+
+def _ground_candidates(items: list, near: list[int], R_all: Tensor, p_all: Tensor) -> _Touching:
+    """The candidates of the shapes ``near`` the ground, spheres and capsules of all models in one batched
+    pass each (kinds in the order they first appear), boxes and cylinders one by one."""
+    kinds: dict[str, list[int]] = {}
+    for i in near:
+        kinds.setdefault(items[i][2].kind, []).append(i)
+    order, counts, phis, points = [], [], [], []
+    for kind, sel in kinds.items():
+        if kind in ("sphere", "capsule"):
+            idx = torch.tensor(sel, dtype=torch.long, device=p_all.device)
+            sizes = [items[i][3] for i in sel]
+            if any(isinstance(z, Tensor) for z in sizes):
+                dims = torch.stack([torch.as_tensor(z, dtype=p_all.dtype, device=p_all.device) for z in sizes])
+            else:
+                dims = torch.tensor(sizes, dtype=p_all.dtype, device=p_all.device)  # (S, 1 or 2)
+            p = p_all[:, idx]
+            if kind == "sphere":
+                pts, r = p, dims[:, 0]
+            else:  # the two end spheres, in the order of geometry.plane_candidates
+                half = (0.5 * dims[:, 1, None]) * R_all[:, idx, :, 2]
+                pts = torch.stack([p - half, p + half], 2).flatten(1, 2)
+                r = dims[:, 0].repeat_interleave(2)
+            phi = pts[..., 2] - r
+            # geometry.plane_candidates: point = pts - (r + phi / 2) e_z
+            point = torch.cat([pts[..., :2], (pts[..., 2] - (r + 0.5 * phi))[..., None]], -1)
+            per = 1 if kind == "sphere" else 2
+        else:
+            c = [geo.plane_candidates(kind, items[i][3], R_all[:, i], p_all[:, i]) for i in sel]
+            phi, point = torch.cat([x.phi for x in c], 1), torch.cat([x.point for x in c], 1)
+            per = c[0].phi.shape[1]
+        order += sel
+        counts += [per] * len(sel)
+        phis.append(phi)
+        points.append(point)
+    return _Touching([items[i][5] for i in order], [(i, -1) for i in order],
+                     [(items[i][0], GROUND, items[i][1], None) for i in order], counts,
+                     torch.cat(phis, 1) if len(phis) > 1 else phis[0],
+                     torch.cat(points, 1) if len(points) > 1 else points[0], None)
+
+
+def _select(scene: Scene, t: _Touching, J_all: Tensor, v_free: Tensor, dt: float, kept: dict | None, rows, phis,
+            mus, es, keys, B: int, dtype, frame: Tensor | None = None) -> None:
+    """Keep the candidates of ``t`` that can touch within the step (or, replaying, those the step
+    kept) and append their rows (normal, two tangents), gaps, coefficients and keys."""
+    owner = [g for g, k in enumerate(t.counts) for _ in range(k)]
+    first = [0]
+    for k in t.counts:
+        first.append(first[-1] + k)
+    if isinstance(t.bodies[0], tuple):  # pairs: relative Jacobian, linear in the twists
+        ra = torch.tensor([t.bodies[g][0] for g in owner], dtype=torch.long, device=v_free.device)
+        rb = torch.tensor([t.bodies[g][1] for g in owner], dtype=torch.long, device=v_free.device)
+        Jc = J_all[:, ra] - J_all[:, rb]
+    else:
+        Jc = J_all[:, torch.tensor([t.bodies[g] for g in owner], dtype=torch.long, device=v_free.device)]
+    Jrel = Jc[:, :, :3] - skew(t.point) @ Jc[:, :, 3:]  # (B, m, 3, nv): velocity of the point
+    if kept is not None:
+        idx = [first[g] + j for g, key in enumerate(t.keys) for j in kept.get(key, ())]
+    else:
+        with torch.no_grad():  # a mask only: no graph for the backward pass's recomputation to build
+            vrel = (Jrel @ v_free[:, None, :, None])[..., 0]
+            idx = (t.phi < 2e-3 + 2.0 * dt * vrel.norm(dim=-1)).any(0).nonzero()[:, 0].tolist()
+    if not idx:
+        return
+    keys.extend((*t.keys[owner[j]], j - first[owner[j]]) for j in idx)
+    sel = torch.tensor(idx, dtype=torch.long, device=v_free.device)
+    Js = Jrel[:, sel]
+    if frame is not None:
+        rows.append(frame @ Js)  # the same frame for every candidate (the ground)
+    else:
+        nrm = t.normal[:, sel]
+        t1, t2 = _tangents(nrm)
+        rows.append(torch.stack([nrm, t1, t2], dim=-2) @ Js)
+    phis.append(t.phi[:, sel])
+    groups = [owner[j] for j in idx]
+    coef = {g: scene.coefficients(*t.coef[g]) for g in set(groups)}
+    for out, j in ((mus, 0), (es, 1)):
+        vals = [coef[g][j] for g in groups]
+        if any(isinstance(x, Tensor) for x in vals):
+            out.append(torch.stack([torch.as_tensor(x, dtype=dtype, device=v_free.device) for x in vals])
+                       .expand(B, -1))
+        else:
+            out.append(torch.tensor(vals, dtype=dtype, device=v_free.device).expand(B, -1))
+
+
 def _free_bodies(scene: Scene) -> list[str]:
     """Names of the scene's free rigid bodies (a floating base and no joint, e.g.
     :func:`diffmech.model.systems.sphere`): their dynamics, poses and steps are evaluated together
@@ -143,7 +296,7 @@ def _free_bodies(scene: Scene) -> list[str]:
 
 
 def _free_body_dynamics(scene: Scene, free: list[str], qs: dict, vs: dict, ts: dict, dt: float, chol: dict,
-                        vfree: dict, poses: dict, jac_world: dict) -> None:
+                        vfree: dict) -> tuple[Tensor, Tensor, Tensor]:
     """The first stage of the step for the free bodies ``free``, all at once: mass matrices,
     Cholesky factors, free velocities, link poses and world Jacobians, written into the dicts as the
     per-model code writes them (``tests/test_contact.py`` checks them against it).
@@ -186,15 +339,11 @@ def _free_body_dynamics(scene: Scene, free: list[str], qs: dict, vs: dict, ts: d
     acc = torch.cat([acc[..., :3] + torch.linalg.cross(w, vl), acc[..., 3:]], -1)  # world translation (_advance)
     v_free = v + dt * acc
     p = q[..., :3]
-    T = torch.cat([torch.cat([R, p[..., None]], -1),
-                   torch.nn.functional.pad(torch.ones_like(p[..., :1]), (3, 0))[..., None, :]], -2)
     Jw = torch.cat([torch.cat([R, skew(p) @ R], -1), torch.cat([torch.zeros_like(R), R], -1)], -2)
     for k, n in enumerate(free):
         chol[n] = Lb[:, k]
         vfree[n] = v_free[:, k]
-        if scene.shapes[n]:
-            poses[n] = T[:, k:k + 1]
-            jac_world[(n, models[k].link_names[0])] = Jw[:, k]
+    return R, p, Jw
 
 
 def _advance(scene: Scene, qs: dict, vs: dict, dt: float, free: list[str]) -> tuple[Tensor, Tensor]:
@@ -241,7 +390,7 @@ def _warn_fallback(scene: Scene, envs: list[int]) -> None:
 
 
 def contact_step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict | None = None,
-                 warm: dict | None = None) -> tuple[Tensor, Tensor]:
+                 warm: dict | None = None, replay: dict | None = None) -> tuple[Tensor, Tensor]:
     """Advance ``(q (..., nq), v (..., nv))`` by ``dt`` under joint forces ``tau (..., nv)`` (the batch
     dims broadcast; one step of the scene's own rollout, where they are flattened to one).
 
@@ -252,6 +401,12 @@ def contact_step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, inf
     and ``lam``, the impulses of each candidate by a key that names it across steps; passing that
     dict back as ``warm`` starts the next step's solver from them (a resting stack then needs a few
     sweeps instead of hundreds).
+
+    ``replay``: this very step's ``info["lam"]`` from an earlier evaluation at the same state and
+    forces (with ``Scene(solver="pgs")``): the step is then recomputed with that contact set and those
+    impulses -- no broad phase, no candidate selection, no sweeps -- and gives the same result, bit for
+    bit, with the same (implicit) gradient. The checkpointed adjoint's backward pass recomputes its
+    steps so.
     """
     for name, x, n in (("q", q, scene.nq), ("v", v, scene.nv), ("tau", tau, scene.nv)):
         if not isinstance(x, Tensor) or x.dim() < 1 or x.shape[-1] != n:
@@ -268,14 +423,31 @@ def contact_step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, inf
         q, v, tau = (x.expand(*batch, x.shape[-1]).reshape(-1, x.shape[-1]) for x in (q, v, tau))
     # small dense solves: threads only wait for each other (see one_thread)
     with one_thread() if q.shape[0] <= JACOBIAN_MAX_BATCH else contextlib.nullcontext():
-        q1, v1 = _step(scene, q, v, tau, dt, info, warm)
+        q1, v1 = _step(scene, q, v, tau, dt, info, warm, replay if scene.solver == "pgs" else None)
     if batch is not None:
         q1, v1 = q1.reshape(*batch, scene.nq), v1.reshape(*batch, scene.nv)
     return q1, v1
 
 
-def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict | None, warm: dict | None
-          ) -> tuple[Tensor, Tensor]:
+def _replayed(replay: dict) -> tuple[list[int], list[tuple[int, int]], dict]:
+    """The shapes near the ground, the pairs of shapes near each other and, per group of candidates
+    (``(i, -1)``, ``(i, j)``, ``(model, sign)`` of the joint limits), the indices kept: from the keys of
+    a step's impulses (see :func:`contact_step`'s ``replay``), in the order the step made them."""
+    ground, pairs, kept = set(), set(), {}
+    for key in replay:
+        if isinstance(key[0], str):  # a joint limit: (model, sign, joint)
+            kept.setdefault(key[:2], []).append(key[2])
+        elif key[1] == -1:
+            ground.add(key[0])
+            kept.setdefault(key[:2], []).append(key[2])
+        else:
+            pairs.add(key[:2])
+            kept.setdefault(key[:2], []).append(key[2])
+    return sorted(ground), sorted(pairs), kept
+
+
+def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict | None, warm: dict | None,
+          replay: dict | None = None) -> tuple[Tensor, Tensor]:
     B = q.shape[0]
     dtype = q.dtype
     names = scene.names
@@ -283,7 +455,7 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
     chol, vfree, poses, jac_world = {}, {}, {}, {}
     free = _free_bodies(scene)
     if free:
-        _free_body_dynamics(scene, free, qs, vs, ts, dt, chol, vfree, poses, jac_world)
+        free_R, free_p, free_J = _free_body_dynamics(scene, free, qs, vs, ts, dt, chol, vfree)
     for n in names:
         if n in chol:
             continue
@@ -311,86 +483,88 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
             acc = torch.cat([acc[..., :3] + torch.linalg.cross(w, vl), acc[..., 3:]], -1)
         vfree[n] = vs[n] + dt * acc
         if scene.shapes[n]:  # poses of all links and world Jacobians of the shaped ones, one pass
-            shaped = list(scene.shapes[n])
-            poses[n], Jw = poses_and_world_jacobians(m, qs[n], shaped)
-            for k, link in enumerate(shaped):
-                jac_world[(n, link)] = Jw[:, k]
+            poses[n], jac_world[n] = poses_and_world_jacobians(m, qs[n], list(scene.shapes[n]))
     v_free = torch.cat([vfree[n] for n in names], -1)
 
-    # shapes in the world
-    items = []  # (model, link, shape, R, p, size, bounding radius)
+    # shapes in the world: each model's in one pass (their links' poses, then the shapes' offsets)
+    items = []  # (model, link, shape, size, bounding radius, world Jacobian row)
+    Rs_w, ps_w, jrows = [], [], []
+    if free and any(scene.shapes[n] for n in free):  # the free bodies' shapes at once
+        body, frames, shapes = _free_layout(scene, free, dtype, q.device)
+        R, p = free_R[:, body], free_p[:, body]
+        if frames.xyz is not None:
+            p = p + (R @ frames.xyz[..., None])[..., 0]
+        if frames.R is not None:
+            R = R @ frames.R
+        Rs_w.append(R)
+        ps_w.append(p)
+        # (B, K, 6, nv): each body's 6 columns in the scene's velocity
+        cols = torch.tensor([list(range(scene.vslices[n].start, scene.vslices[n].start + 6)) for n in free],
+                            dtype=torch.long, device=q.device)
+        B_, K_ = free_J.shape[:2]
+        jrows.append(free_J.new_zeros(B_, K_, 6, scene.nv).scatter(
+            3, cols[None, :, None, :].expand(B_, K_, 6, 6), free_J))
+        for (n, link, k, shape), b in zip(shapes, body.tolist()):
+            size = scene.shape_size(n, link, k)
+            radius = (Shape(shape.kind, tuple(size.detach().tolist())).bounding_radius if isinstance(size, Tensor)
+                      else shape.bounding_radius)
+            items.append((n, link, shape, size, radius, b))
     for n in names:
-        m = scene.models[n]
-        for link, shapes in scene.shapes[n].items():
-            li = m.link_names.index(link)
-            T = poses[n][:, li]
-            for k, s in enumerate(shapes):
-                Rs, xyz = _shape_frame(s, dtype, q.device)
-                R = T[:, :3, :3] if Rs is None else T[:, :3, :3] @ Rs
-                p = T[:, :3, 3] if xyz is None else T[:, :3, 3] + T[:, :3, :3] @ xyz
-                size = scene.shape_size(n, link, k)
-                if isinstance(size, Tensor):
-                    radius = Shape(s.kind, tuple(size.detach().tolist())).bounding_radius
-                else:
-                    radius = s.bounding_radius
-                items.append((n, link, s, R, p, size, radius))
+        if not scene.shapes[n] or n in free:
+            continue
+        layout = _shape_layout(scene, n, dtype, q.device)
+        T = poses[n][:, layout.links]  # (B, S, 4, 4)
+        R, p = T[..., :3, :3], T[..., :3, 3]
+        if layout.xyz is not None:
+            p = p + (R @ layout.xyz[..., None])[..., 0]
+        if layout.R is not None:
+            R = R @ layout.R
+        Rs_w.append(R)
+        ps_w.append(p)
+        sl = scene.vslices[n]
+        jrows.append(torch.nn.functional.pad(jac_world[n], (sl.start, scene.nv - sl.stop)))  # (B, L, 6, nv)
+        row0 = sum(x.shape[1] for x in jrows[:-1])
+        for link, k, shape, j in layout.shapes:
+            size = scene.shape_size(n, link, k)
+            if isinstance(size, Tensor):
+                radius = Shape(shape.kind, tuple(size.detach().tolist())).bounding_radius
+            else:
+                radius = shape.bounding_radius
+            items.append((n, link, shape, size, radius, row0 + j))
+    R_all = torch.cat(Rs_w, 1) if len(Rs_w) > 1 else (Rs_w[0] if Rs_w else None)  # (B, N, 3, 3)
+    p_all = torch.cat(ps_w, 1) if len(ps_w) > 1 else (ps_w[0] if ps_w else None)  # (B, N, 3)
+    J_all = torch.cat(jrows, 1) if len(jrows) > 1 else (jrows[0] if jrows else None)  # (B, L, 6, nv), world origin
 
     reach = 0.05 + 50.0 * dt  # m: what can come into contact within one step at up to 50 m/s
-    groups = []  # (Candidates, body a, body b or None, (model a, model b), key)
-    near_ground, near_pairs = _broad_phase(scene, items, reach)
-    for i in near_ground:
-        n, link, s, R, p, size, _ = items[i]
-        groups.append((geo.plane_candidates(s.kind, size, R, p), (n, link), None, (n, GROUND, link, None), (i, -1)))
-    for i, j in near_pairs:
-        na, la, sa, Ra, pa, za, _ = items[i]
-        nb, lb, sb, Rb, pb, zb, _ = items[j]
-        if "cylinder" in (sa.kind, sb.kind):
-            raise ModelError(f"Scene: a cylinder touches only the ground; {na}/{la} ({sa.kind}) and "
-                             f"{nb}/{lb} ({sb.kind}) came within {reach:.3g} m of each other")
-        groups.append((_pair(sa.kind, za, Ra, pa, sb.kind, zb, Rb, pb), (na, la), (nb, lb), (na, nb, la, lb), (i, j)))
-
-    def world_jac(body):  # (B, 6, nv) of the scene: spatial velocity at the world origin, v(x) = v_o + w x x
-        sl = scene.vslices[body[0]]
-        return torch.nn.functional.pad(jac_world[body], (sl.start, scene.nv - sl.stop))
+    kept = None
+    if replay is not None:
+        near_ground, near_pairs, kept = _replayed(replay)
+    else:
+        near_ground, near_pairs = _broad_phase(scene, items, p_all, reach)
 
     rows, phis, mus, es, keys = [], [], [], [], []
-    nrms, Js = [], []  # contact normals and Jacobians, turned into (normal, tangent) rows at once below
-    # the candidates of every shape near the ground side by side, then those of every pair of shapes:
-    # one pass for each kind of group
-    for touching in ([g for g in groups if g[2] is None], [g for g in groups if g[2] is not None]):
-        if not touching:
-            continue
-        counts = [g[0].phi.shape[1] for g in touching]
-        Jw = torch.stack([world_jac(g[1]) if g[2] is None else world_jac(g[1]) - world_jac(g[2])
-                          for g in touching], 1)  # (B, S, 6, nv): relative for a pair (linear in the twists)
-        owner = [i for i, k in enumerate(counts) for _ in range(k)]
-        sidx = torch.tensor(owner, device=q.device)
-        pts = torch.cat([g[0].point for g in touching], 1)
-        Jc = Jw[:, sidx]
-        Jrel = Jc[:, :, :3] - skew(pts) @ Jc[:, :, 3:]  # (B, m, 3, nv)
-        phi_g = torch.cat([g[0].phi for g in touching], 1)
-        with torch.no_grad():  # a mask only: no graph for the backward pass's recomputation to build
-            vrel = (Jrel @ v_free[:, None, :, None])[..., 0]
-            keep = (phi_g < 2e-3 + 2.0 * dt * vrel.norm(dim=-1)).any(0)
-        if bool(keep.any()):
-            idx = keep.nonzero()[:, 0]
-            first = [0]
-            for k in counts:
-                first.append(first[-1] + k)
-            keys.extend((*touching[owner[j]][4], j - first[owner[j]]) for j in idx.tolist())
-            nrms.append(torch.cat([g[0].normal for g in touching], 1)[:, idx])
-            Js.append(Jrel[:, idx])
-            phis.append(phi_g[:, idx])
-            coef = [scene.coefficients(*g[3]) for g in touching]
-            at = sidx[idx]
-            for out, j in ((mus, 0), (es, 1)):
-                per_shape = torch.cat([torch.as_tensor(c[j], dtype=dtype, device=q.device).expand(B, 1)
-                                       for c in coef], 1)
-                out.append(per_shape[:, at])
-    if nrms:
-        nrm = torch.cat(nrms, 1)
-        t1, t2 = _tangents(nrm)
-        rows.append(torch.stack([nrm, t1, t2], dim=-2) @ torch.cat(Js, 1))  # (B, k, 3, nv)
+    # every candidate of the shapes near the ground at once: per kind of shape, one batched narrow phase
+    if near_ground:
+        ground = _ground_candidates(items, near_ground, R_all, p_all)
+        _select(scene, ground, J_all, v_free, dt, kept, rows, phis, mus, es, keys, B, dtype,
+                frame=_GROUND_FRAME.to(dtype=dtype, device=q.device))
+    if near_pairs:
+        groups = []  # (Candidates, item a, item b)
+        for i, j in near_pairs:
+            na, la, sa, za, _, _ = items[i]
+            nb, lb, sb, zb, _, _ = items[j]
+            if "cylinder" in (sa.kind, sb.kind):
+                raise ModelError(f"Scene: a cylinder touches only the ground; {na}/{la} ({sa.kind}) and "
+                                 f"{nb}/{lb} ({sb.kind}) came within {reach:.3g} m of each other")
+            groups.append((_pair(sa.kind, za, R_all[:, i], p_all[:, i], sb.kind, zb, R_all[:, j], p_all[:, j]),
+                           i, j))
+        pairs = _Touching([(items[i][5], items[j][5]) for _, i, j in groups],
+                          [(i, j) for _, i, j in groups],
+                          [(items[i][0], items[j][0], items[i][1], items[j][1]) for _, i, j in groups],
+                          [g[0].phi.shape[1] for g in groups],
+                          torch.cat([g[0].phi for g in groups], 1), torch.cat([g[0].point for g in groups], 1),
+                          torch.cat([g[0].normal for g in groups], 1))
+        _select(scene, pairs, J_all, v_free, dt, kept, rows, phis, mus, es, keys, B, dtype)
     if scene.limits:
         for n in names:
             m = scene.models[n]
@@ -402,11 +576,16 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
             qj, vj = qs[n][:, off:], vs[n][:, m.nv - lo.numel():]
             col = scene.vslices[n].start + m.nv - lo.numel()
             for sign, phi in ((1.0, qj - lo), (-1.0, hi - qj)):
-                with torch.no_grad():
-                    keep = (torch.isfinite(phi) & (phi < 2e-3 + 2.0 * dt * vj.abs())).any(0)
-                if not bool(keep.any()):
-                    continue
-                idx = keep.nonzero()[:, 0]
+                if replay is not None:
+                    if (n, sign) not in kept:
+                        continue
+                    idx = torch.tensor(kept[(n, sign)], dtype=torch.long, device=q.device)
+                else:
+                    with torch.no_grad():
+                        keep = (torch.isfinite(phi) & (phi < 2e-3 + 2.0 * dt * vj.abs())).any(0)
+                    if not bool(keep.any()):
+                        continue
+                    idx = keep.nonzero()[:, 0]
                 keys.extend((n, sign, j) for j in idx.tolist())
                 k = len(idx)
                 J = torch.zeros(B, k, 3, scene.nv, dtype=dtype, device=q.device)
@@ -458,6 +637,8 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
             fallbacks = len(bad)
             _warn_fallback(scene, bad.tolist())
         res = res._replace(lam=lam_s, iterations=res.iterations + it_s, residual=max(res.residual, rel_s))
+    elif replay is not None and list(replay) == keys:
+        res = pgs(A, c, mu, solution=torch.stack([replay[k] for k in keys], 1))
     else:
         res = pgs(A, c, mu, iterations=scene.iterations, tol=scene.tol, lam0=lam0)
     v1 = v_free + (MinvJt @ res.lam.reshape(B, 3 * K, 1))[..., 0]
