@@ -103,7 +103,7 @@ def markdown(rep: dict) -> list[str]:
              f" on a GPU ({rep['device_name']}; MuJoCo on one CPU core of the same machine)")
     lines = [start, f"## Contact rollouts: gradient cost per robot vs batch size{where}", "",
              generated_by("bench_contact_batch.py", rep), "",
-             "Native kernels for the robot's mass matrix, bias forces and link kinematics "
+             "Native kernels for the robot's mass matrix, bias forces, link kinematics and floating-base update "
              "(`diffmech.dynamics.kernels.prepare`). "
              "`scenes.laikago` copies in one batch, dt 1e-3, float64, zero commanded torque; gradient of the chassis' "
              "final x + z w.r.t. every torque and the drives' stiffness (checkpointed adjoint). Per robot-step: "

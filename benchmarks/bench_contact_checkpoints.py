@@ -103,7 +103,7 @@ def markdown(rep: dict) -> list[str]:
     c = rep["checkpoints"]
     lines = [MARK_START, "## Contact rollouts: memory vs horizon (sparse checkpoints)", "",
              generated_by("bench_contact_checkpoints.py", rep), "",
-             f"Native kernels for the robot's mass matrix, bias forces and link kinematics "
+             f"Native kernels for the robot's mass matrix, bias forces, link kinematics and floating-base update "
              "(`diffmech.dynamics.kernels.prepare`). "
              "`scenes.laikago`, dt 1e-3, float64, zero commanded torque, loss = the chassis' final x + z; gradient "
              f"w.r.t. every torque and the drives' stiffness. *dense*: `checkpoint_every=1` (the default: every "

@@ -529,12 +529,13 @@ def _measure_ants(rep: dict, args, batches: str, steps: int, repeats: int, mj_th
               f"mujoco({mj_threads}) {_rate(c['mujoco_steps_per_s']):>12s}  ratio {_ratio(c['mujoco_over_grad'])}",
               flush=True)
     if 4096 not in [c["batch"] for c in rep["ant_cells"]]:
-        rep["ant_skipped"] = ("4096 Ants not measured: one contact substep (no graph) took 16, 29 and 77 CPU-ms for "
-                              "64, 256 and 1024 Ants here (about 0.06 ms per Ant beyond a few hundred), so 4096 "
-                              "Ants with gradients over one 20-step rollout (100 substeps, the backward pass about 6 "
-                              "times the forward at 64 Ants) would take about 3 CPU-minutes per repeat, 10 times "
-                              "that in wall-clock on the shared 2 cores at their load, and the graph of 100 substeps "
-                              "of 4096 Ants several gigabytes.")
+        # measured 2026-11-28 (commit 66f5b39) by stepping Ant(N) without a graph, CPU time per substep
+        rep["ant_skipped"] = ("4096 Ants not measured: one contact substep (no graph) took 4.0, 19.9 and 61.3 CPU-ms "
+                              "for 64, 256 and 1024 Ants here (about 0.05 ms per Ant beyond a few hundred), so 4096 "
+                              "Ants with gradients over one 20-step rollout (100 substeps, steps with gradients about "
+                              "2.8 times those without at 64 Ants) would take about 1 CPU-minute per repeat, and its "
+                              "graph would keep every substep's Delassus matrices (4096 x 60 x 60 in float64, 118 MB "
+                              "a substep): over 12 GB for the 100 substeps.")
 
 
 def _ant_only(args, argv, md, t_start, load_before) -> dict:
