@@ -507,3 +507,35 @@ def test_contact_step_any_batch_shape_and_bad_shapes():
         contact_step(scene, Q, V, tau[..., :-1], 1e-3)
     with pytest.raises(ShapeError, match="broadcast"):
         contact_step(scene, Q, V, tau[:, :2], 1e-3)
+
+
+def test_batched_ground_candidates_equal_the_narrow_phase_shape_by_shape():
+    """The contact step tests the spheres and capsules near the ground in one batched pass per kind:
+    the same gaps and points as :func:`geometry.plane_candidates` shape by shape, with shape offsets
+    (rpy, xyz) in their links and sizes given as tensors that receive gradients."""
+    import importlib
+
+    from diffmech.contact import geometry as geo
+
+    cs = importlib.import_module("diffmech.sim.contact_step")
+    g = torch.Generator().manual_seed(3)
+    B, N = 5, 6
+    R = torch.linalg.qr(torch.randn(B, N, 3, 3, dtype=F64, generator=g))[0]
+    p = torch.randn(B, N, 3, dtype=F64, generator=g) * 0.1 + torch.tensor([0.0, 0.0, 0.1], dtype=F64)
+    size_t = torch.tensor([0.04, 0.3], dtype=F64, requires_grad=True)
+    kinds = ["sphere", "capsule", "sphere", "capsule", "box", "capsule"]
+    sizes = [(0.05,), (0.03, 0.2), (0.02,), size_t, (0.1, 0.2, 0.05), (0.01, 0.5)]
+    items = [("m", f"l{i}", Shape(k, tuple(float(x) for x in (s.detach() if isinstance(s, torch.Tensor) else s))),
+              s, 1.0, i) for i, (k, s) in enumerate(zip(kinds, sizes))]
+    got = cs._ground_candidates(items, list(range(N)), R, p)
+    want = {i: geo.plane_candidates(kinds[i], sizes[i], R[:, i], p[:, i]) for i in range(N)}
+    at = 0
+    for i, count in zip([k[0] for k in got.keys], got.counts):
+        assert count == want[i].phi.shape[1]
+        torch.testing.assert_close(got.phi[:, at:at + count], want[i].phi, rtol=0, atol=1e-15)
+        torch.testing.assert_close(got.point[:, at:at + count], want[i].point, rtol=0, atol=1e-15)
+        at += count
+    assert at == got.phi.shape[1] and sorted(k[0] for k in got.keys) == list(range(N))
+    g1 = torch.autograd.grad(got.phi.sum(), size_t)[0]
+    g2 = torch.autograd.grad(want[3].phi.sum(), size_t)[0]
+    torch.testing.assert_close(g1, g2, rtol=0, atol=1e-15)

@@ -429,7 +429,10 @@ def prepare(robot, algorithms=ALGORITHMS, dtypes=(torch.float64,), *, passive=(T
     machine -- run natively (see :func:`set_native`).
 
     Args:
-        algorithms: among ``"forward_dynamics"``, ``"inverse_dynamics"``, ``"mass_matrix"``.
+        algorithms: among ``"forward_dynamics"``, ``"inverse_dynamics"``, ``"mass_matrix"``,
+            ``"kinematics"`` (every link's pose and the world motion subspaces:
+            :func:`~diffmech.dynamics.kinematics.forward_kinematics` and the contact step's Jacobians) and
+            ``"advance"`` (a floating base's position update in the contact step; skipped for a fixed base).
         dtypes: float64 and/or float32.
         passive, f_ext: the variants (joint damping and springs included or not; external forces).
         gradients: also the reverse-mode kernels for gradients w.r.t. the state.
