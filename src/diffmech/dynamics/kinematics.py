@@ -191,11 +191,19 @@ def poses_and_world_jacobians(robot: RobotParameters, q: Tensor, links) -> tuple
     return T.reshape(*batch, nl, 4, 4), generalized_force(tree, J).reshape(*batch, len(idx), 6, robot.nv)
 
 
+_LINK_ROWS: dict = {}
+
+
 def _link_rows(tree: KinematicTree, idx: list[int], like: Tensor) -> Tensor:
-    """``(L, nv)``: which of the tree's DoFs move each link of ``idx`` (zero rows for world-fixed links)."""
-    mask_bd, _ = masks(tree, like)
-    body = torch.tensor([tree.link_body[i] for i in idx], dtype=torch.long, device=like.device)
-    return torch.cat([mask_bd, mask_bd.new_zeros(1, mask_bd.shape[-1])])[body]  # body -1: the zero row
+    """``(L, nv)``: which of the tree's DoFs move each link of ``idx`` (zero rows for world-fixed links);
+    a constant of the tree, kept per tree, links, dtype and device."""
+    key = (tree.structure_hash, tree.nv, tuple(tree.link_body[i] for i in idx), like.dtype, like.device)
+    got = _LINK_ROWS.get(key)
+    if got is None:
+        mask_bd, _ = masks(tree, like)
+        body = torch.tensor([tree.link_body[i] for i in idx], dtype=torch.long, device=like.device)
+        got = _LINK_ROWS[key] = torch.cat([mask_bd, mask_bd.new_zeros(1, mask_bd.shape[-1])])[body]  # -1: zeros
+    return got
 
 
 def kinematics_flat(tree: KinematicTree, mt, qf: Tensor) -> Tensor:

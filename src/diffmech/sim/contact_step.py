@@ -126,7 +126,7 @@ def _broad_phase(scene: Scene, items: list, P: Tensor | None, reach: float) -> t
                     ok[i, j] = False
         cache[key] = ok
     pair_ok = cache[key]
-    if N > 1:
+    if N > 1 and cache.setdefault(("any", key), bool(pair_ok.any())):  # no pair may touch: no distance table
         gap = torch.cdist(P, P).amin(0) - rad[:, None] - rad[None, :]
         close = (gap <= reach).cpu() & pair_ok
     else:
@@ -225,7 +225,7 @@ def _ground_candidates(items: list, near: list[int], R_all: Tensor, p_all: Tenso
                 r = dims[:, 0].repeat_interleave(2)
             phi = pts[..., 2] - r
             # geometry.plane_candidates: point = pts - (r + phi / 2) e_z
-            point = torch.cat([pts[..., :2], (pts[..., 2] - (r + 0.5 * phi))[..., None]], -1)
+            point = pts - (r + 0.5 * phi)[..., None] * _GROUND_FRAME[0].to(dtype=pts.dtype, device=pts.device)
             per = 1 if kind == "sphere" else 2
         else:
             c = [geo.plane_candidates(kind, items[i][3], R_all[:, i], p_all[:, i]) for i in sel]
@@ -255,7 +255,8 @@ def _select(scene: Scene, t: _Touching, J_all: Tensor, v_free: Tensor, dt: float
         Jc = J_all[:, ra] - J_all[:, rb]
     else:
         Jc = J_all[:, torch.tensor([t.bodies[g] for g in owner], dtype=torch.long, device=v_free.device)]
-    Jrel = Jc[:, :, :3] - skew(t.point) @ Jc[:, :, 3:]  # (B, m, 3, nv): velocity of the point
+    # (B, m, 3, nv): the velocity of the point x, v_o + w x x (each column's angular part crossed with x)
+    Jrel = Jc[:, :, :3] + torch.linalg.cross(Jc[:, :, 3:], t.point[..., None], dim=-2)
     if kept is not None:
         idx = [first[g] + j for g, key in enumerate(t.keys) for j in kept.get(key, ())]
     else:
