@@ -127,6 +127,18 @@ def _residual(lam: Tensor, A: Tensor, c: Tensor, mu: Tensor, active: Tensor, sli
     return torch.cat([f_n[..., None], f_t], dim=-1)
 
 
+_EYES: dict = {}
+
+
+def _eye(n: int, like: Tensor) -> Tensor:
+    """The identity ``(n, n)`` in ``like``'s dtype and device, built once (a constant)."""
+    key = (n, like.dtype, like.device)
+    got = _EYES.get(key)
+    if got is None:
+        got = _EYES[key] = torch.eye(n, dtype=like.dtype, device=like.device)
+    return got
+
+
 def _residual_jacobian(lam: Tensor, A: Tensor, c: Tensor, mu: Tensor, active: Tensor, sliding: Tensor,
                        free_t: Tensor, state: tuple | None = None) -> tuple[Tensor, Tensor, dict]:
     """``J = dF/dlam`` of :func:`_residual` in closed form, ``(B, 3K, 3K)``, the mask of the rows
@@ -138,13 +150,14 @@ def _residual_jacobian(lam: Tensor, A: Tensor, c: Tensor, mu: Tensor, active: Te
     B, K, _ = lam.shape
     R = 3 * K
     inv, w, z = state if state is not None else _state(lam, A, c)
-    zn = z.norm(dim=-1).clamp_min(1e-300)
-    z_hat = z / zn[..., None]
     stick = active & ~free_t & ~sliding
     wrow = torch.stack([active, stick, stick], -1).reshape(B, R)
-    eye = torch.eye(R, dtype=A.dtype, device=A.device)
+    eye = _eye(R, A)
     J = torch.where(wrow[..., None], A, eye)
+    z_hat = None
     if bool(sliding.any()):
+        zn = z.norm(dim=-1).clamp_min(1e-300)
+        z_hat = z / zn[..., None]
         E = eye.reshape(K, 3, R)
         Et, en = E[:, 1:], E[:, 0]  # (K, 2, R), (K, R)
         At = A.reshape(B, K, 3, R)[:, :, 1:]
