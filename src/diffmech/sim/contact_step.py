@@ -146,6 +146,17 @@ class _Layout(NamedTuple):
 _LAYOUTS: dict = {}
 
 
+def _offsets(shapes: list, dtype, device) -> tuple[Tensor | None, Tensor | None]:
+    """The shapes' rotations ``(S, 3, 3)`` and offsets ``(S, 3)`` in their links, ``None`` where all are the
+    identity or zero; the identity and zero stand in for a shape without one (exact in the products:
+    ``x 1 + y 0 + z 0 = x``)."""
+    frames = [_shape_frame(sh, dtype, device) for sh in shapes]
+    eye, zero = torch.eye(3, dtype=dtype, device=device), torch.zeros(3, dtype=dtype, device=device)
+    R = torch.stack([eye if Rs is None else Rs for Rs, _ in frames]) if any(f[0] is not None for f in frames) else None
+    xyz = torch.stack([zero if x is None else x for _, x in frames]) if any(f[1] is not None for f in frames) else None
+    return R, xyz
+
+
 def _shape_layout(scene: Scene, n: str, dtype, device) -> _Layout:
     """Model ``n``'s shapes as index and offset tensors, built once per layout, dtype and device."""
     m = scene.models[n]
@@ -155,14 +166,7 @@ def _shape_layout(scene: Scene, n: str, dtype, device) -> _Layout:
     got = _LAYOUTS.get(key)
     if got is None:
         links = torch.tensor([m.link_names.index(link) for link, _, _, _ in shapes], dtype=torch.long, device=device)
-        frames = [_shape_frame(sh, dtype, device) for _, _, sh, _ in shapes]
-        eye, zero = torch.eye(3, dtype=dtype, device=device), torch.zeros(3, dtype=dtype, device=device)
-        # identity and zero where a shape has no offset: exact in the products (x 1 + y 0 + z 0 = x)
-        R = torch.stack([eye if Rs is None else Rs for Rs, _ in frames]) if any(f[0] is not None for f in frames) \
-            else None
-        xyz = torch.stack([zero if x is None else x for _, x in frames]) if any(f[1] is not None for f in frames) \
-            else None
-        got = _LAYOUTS[key] = _Layout(links, R, xyz, shapes)
+        got = _LAYOUTS[key] = _Layout(links, *_offsets([sh for _, _, sh, _ in shapes], dtype, device), shapes)
     return got
 
 
@@ -175,13 +179,8 @@ def _free_layout(scene: Scene, free: list[str], dtype, device) -> tuple[Tensor, 
     got = _LAYOUTS.get(key)
     if got is None:
         body = torch.tensor([free.index(n) for n, _, _, _ in shapes], dtype=torch.long, device=device)
-        frames = [_shape_frame(sh, dtype, device) for _, _, _, sh in shapes]
-        eye, zero = torch.eye(3, dtype=dtype, device=device), torch.zeros(3, dtype=dtype, device=device)
-        R = torch.stack([eye if Rs is None else Rs for Rs, _ in frames]) if any(f[0] is not None for f in frames) \
-            else None
-        xyz = torch.stack([zero if x is None else x for _, x in frames]) if any(f[1] is not None for f in frames) \
-            else None
-        got = _LAYOUTS[key] = (body, _Layout(body, R, xyz, []), shapes)
+        got = _LAYOUTS[key] = (body, _Layout(body, *_offsets([sh for _, _, _, sh in shapes], dtype, device), []),
+                               shapes)
     return got
 
 
