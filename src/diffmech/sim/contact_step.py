@@ -184,6 +184,23 @@ def _free_layout(scene: Scene, free: list[str], dtype, device) -> tuple[Tensor, 
     return got
 
 
+def _placed(R: Tensor, p: Tensor, layout: _Layout) -> tuple[Tensor, Tensor]:
+    """Shapes' world placements from their links' ``(R (B, S, 3, 3), p (B, S, 3))`` and offsets."""
+    if layout.xyz is not None:
+        p = p + (R @ layout.xyz[..., None])[..., 0]
+    if layout.R is not None:
+        R = R @ layout.R
+    return R, p
+
+
+def _item(scene: Scene, n: str, link: str, k: int, shape: Shape, row: int) -> tuple:
+    """``(model, link, shape, size, bounding radius, world Jacobian row)`` of one shape."""
+    size = scene.shape_size(n, link, k)
+    radius = (Shape(shape.kind, tuple(size.detach().tolist())).bounding_radius if isinstance(size, Tensor)
+              else shape.bounding_radius)
+    return n, link, shape, size, radius, row
+
+
 class _Touching(NamedTuple):
     """Groups of candidates (a shape on the ground or a pair of shapes) side by side."""
 
@@ -491,11 +508,7 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
     Rs_w, ps_w, jrows = [], [], []
     if free and any(scene.shapes[n] for n in free):  # the free bodies' shapes at once
         body, frames, shapes = _free_layout(scene, free, dtype, q.device)
-        R, p = free_R[:, body], free_p[:, body]
-        if frames.xyz is not None:
-            p = p + (R @ frames.xyz[..., None])[..., 0]
-        if frames.R is not None:
-            R = R @ frames.R
+        R, p = _placed(free_R[:, body], free_p[:, body], frames)
         Rs_w.append(R)
         ps_w.append(p)
         # (B, K, 6, nv): each body's 6 columns in the scene's velocity
@@ -504,33 +517,19 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
         B_, K_ = free_J.shape[:2]
         jrows.append(free_J.new_zeros(B_, K_, 6, scene.nv).scatter(
             3, cols[None, :, None, :].expand(B_, K_, 6, 6), free_J))
-        for (n, link, k, shape), b in zip(shapes, body.tolist()):
-            size = scene.shape_size(n, link, k)
-            radius = (Shape(shape.kind, tuple(size.detach().tolist())).bounding_radius if isinstance(size, Tensor)
-                      else shape.bounding_radius)
-            items.append((n, link, shape, size, radius, b))
+        items += [_item(scene, n, link, k, shape, b) for (n, link, k, shape), b in zip(shapes, body.tolist())]
     for n in names:
         if not scene.shapes[n] or n in free:
             continue
         layout = _shape_layout(scene, n, dtype, q.device)
         T = poses[n][:, layout.links]  # (B, S, 4, 4)
-        R, p = T[..., :3, :3], T[..., :3, 3]
-        if layout.xyz is not None:
-            p = p + (R @ layout.xyz[..., None])[..., 0]
-        if layout.R is not None:
-            R = R @ layout.R
+        R, p = _placed(T[..., :3, :3], T[..., :3, 3], layout)
         Rs_w.append(R)
         ps_w.append(p)
         sl = scene.vslices[n]
         jrows.append(torch.nn.functional.pad(jac_world[n], (sl.start, scene.nv - sl.stop)))  # (B, L, 6, nv)
         row0 = sum(x.shape[1] for x in jrows[:-1])
-        for link, k, shape, j in layout.shapes:
-            size = scene.shape_size(n, link, k)
-            if isinstance(size, Tensor):
-                radius = Shape(shape.kind, tuple(size.detach().tolist())).bounding_radius
-            else:
-                radius = shape.bounding_radius
-            items.append((n, link, shape, size, radius, row0 + j))
+        items += [_item(scene, n, link, k, shape, row0 + j) for link, k, shape, j in layout.shapes]
     R_all = torch.cat(Rs_w, 1) if len(Rs_w) > 1 else (Rs_w[0] if Rs_w else None)  # (B, N, 3, 3)
     p_all = torch.cat(ps_w, 1) if len(ps_w) > 1 else (ps_w[0] if ps_w else None)  # (B, N, 3)
     J_all = torch.cat(jrows, 1) if len(jrows) > 1 else (jrows[0] if jrows else None)  # (B, L, 6, nv), world origin
