@@ -19,8 +19,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["Candidates", "plane_candidates", "sphere_sphere", "sphere_box", "sphere_capsule", "capsule_capsule",
-           "capsule_box", "box_box", "point_box", "closest_points_segments"]
+__all__ = ["Candidates", "plane_candidates", "plane_candidates_many", "sphere_sphere",
+           "sphere_box", "sphere_capsule", "capsule_capsule", "capsule_box",
+           "box_box", "point_box", "closest_points_segments"]
 
 _EPS = 1e-12
 
@@ -77,6 +78,29 @@ def plane_candidates(kind: str, size, R: Tensor, p: Tensor) -> Candidates:
     phi = pts[..., 2] - r
     point = pts - (r + 0.5 * phi)[..., None] * ez[:, None]
     return Candidates(phi, point, ez[:, None].expand_as(pts))
+
+
+def plane_candidates_many(kind: str, sizes: list, R: Tensor, p: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`plane_candidates` of ``S`` spheres or capsules at once: ``R (B, S, 3, 3)``, ``p (B, S, 3)``,
+    ``sizes`` one per shape (tuples of floats or tensors). Returns ``phi (B, S k)`` and ``point (B, S k, 3)``,
+    shape by shape in the order of :func:`plane_candidates` (``k`` = 1 for a sphere, 2 for a capsule; the
+    normal is ``+z`` for all)."""
+    if kind not in ("sphere", "capsule"):
+        raise ValueError(kind)
+    if any(isinstance(z, Tensor) for z in sizes):
+        dims = torch.stack([_vec(z, p) for z in sizes])
+    else:
+        dims = torch.tensor(sizes, dtype=p.dtype, device=p.device)  # (S, 1 or 2)
+    if kind == "sphere":
+        pts, r = p, dims[:, 0]
+    else:  # the two end spheres
+        half = (0.5 * dims[:, 1, None]) * R[..., :, 2]
+        pts = torch.stack([p - half, p + half], 2).flatten(1, 2)
+        r = dims[:, 0].repeat_interleave(2)
+    phi = pts[..., 2] - r
+    ez = torch.zeros(3, dtype=p.dtype, device=p.device)
+    ez[2] = 1.0
+    return phi, pts - (r + 0.5 * phi)[..., None] * ez
 
 
 def _spheres(ca: Tensor, ra: float, cb: Tensor, rb: float) -> Candidates:

@@ -170,17 +170,20 @@ def _shape_layout(scene: Scene, n: str, dtype, device) -> _Layout:
     return got
 
 
-def _free_layout(scene: Scene, free: list[str], dtype, device) -> tuple[Tensor, _Layout, list]:
+def _free_layout(scene: Scene, free: list[str], dtype, device) -> tuple[Tensor, _Layout, list, Tensor]:
     """The free bodies' shapes: each shape's body (index into ``free``), their offsets as a
-    :class:`_Layout` (``links`` unused) and ``(model, link, index, Shape)`` per shape; cached."""
+    :class:`_Layout` (``links`` unused), ``(model, link, index, Shape)`` per shape, and each body's six
+    columns in the scene's velocity ``(K, 6)``; cached."""
     shapes = [(n, link, k, sh) for n in free for link, shs in scene.shapes[n].items() for k, sh in enumerate(shs)]
-    key = ("free", tuple(free), tuple((n, link, k, sh.kind, sh.rpy, sh.xyz) for n, link, k, sh in shapes), dtype,
-           device)
+    starts = tuple(scene.vslices[n].start for n in free)
+    key = ("free", tuple(free), starts, tuple((n, link, k, sh.kind, sh.rpy, sh.xyz) for n, link, k, sh in shapes),
+           dtype, device)
     got = _LAYOUTS.get(key)
     if got is None:
         body = torch.tensor([free.index(n) for n, _, _, _ in shapes], dtype=torch.long, device=device)
+        cols = torch.tensor([list(range(s0, s0 + 6)) for s0 in starts], dtype=torch.long, device=device)
         got = _LAYOUTS[key] = (body, _Layout(body, *_offsets([sh for _, _, _, sh in shapes], dtype, device), []),
-                               shapes)
+                               shapes, cols)
     return got
 
 
@@ -227,21 +230,7 @@ def _ground_candidates(items: list, near: list[int], R_all: Tensor, p_all: Tenso
     for kind, sel in kinds.items():
         if kind in ("sphere", "capsule"):
             idx = torch.tensor(sel, dtype=torch.long, device=p_all.device)
-            sizes = [items[i][3] for i in sel]
-            if any(isinstance(z, Tensor) for z in sizes):
-                dims = torch.stack([torch.as_tensor(z, dtype=p_all.dtype, device=p_all.device) for z in sizes])
-            else:
-                dims = torch.tensor(sizes, dtype=p_all.dtype, device=p_all.device)  # (S, 1 or 2)
-            p = p_all[:, idx]
-            if kind == "sphere":
-                pts, r = p, dims[:, 0]
-            else:  # the two end spheres, in the order of geometry.plane_candidates
-                half = (0.5 * dims[:, 1, None]) * R_all[:, idx, :, 2]
-                pts = torch.stack([p - half, p + half], 2).flatten(1, 2)
-                r = dims[:, 0].repeat_interleave(2)
-            phi = pts[..., 2] - r
-            # geometry.plane_candidates: point = pts - (r + phi / 2) e_z
-            point = pts - (r + 0.5 * phi)[..., None] * _GROUND_FRAME[0].to(dtype=pts.dtype, device=pts.device)
+            phi, point = geo.plane_candidates_many(kind, [items[i][3] for i in sel], R_all[:, idx], p_all[:, idx])
             per = 1 if kind == "sphere" else 2
         else:
             c = [geo.plane_candidates(kind, items[i][3], R_all[:, i], p_all[:, i]) for i in sel]
@@ -315,8 +304,9 @@ def _free_bodies(scene: Scene) -> list[str]:
 def _free_body_dynamics(scene: Scene, free: list[str], qs: dict, vs: dict, ts: dict, dt: float, chol: dict,
                         vfree: dict) -> tuple[Tensor, Tensor, Tensor]:
     """The first stage of the step for the free bodies ``free``, all at once: mass matrices,
-    Cholesky factors, free velocities, link poses and world Jacobians, written into the dicts as the
-    per-model code writes them (``tests/test_contact.py`` checks them against it).
+    Cholesky factors and free velocities, written into the dicts as the per-model code writes them
+    (``tests/test_contact.py`` checks them against it); returns the bodies' rotations ``(B, K, 3, 3)``,
+    positions ``(B, K, 3)`` and world Jacobians ``(B, K, 6, 6)``.
 
     Body frame at the link origin, twist ``(v, w)`` in that frame; link mass ``m``, centre of mass
     ``c`` and inertia ``I_c`` about it (link axes): ``M = [[m 1, -m [c]x], [m [c]x, I_c - m [c]x^2]]``
@@ -452,14 +442,13 @@ def _replayed(replay: dict) -> tuple[list[int], list[tuple[int, int]], dict]:
     a step's impulses (see :func:`contact_step`'s ``replay``), in the order the step made them."""
     ground, pairs, kept = set(), set(), {}
     for key in replay:
+        kept.setdefault(key[:2], []).append(key[2])
         if isinstance(key[0], str):  # a joint limit: (model, sign, joint)
-            kept.setdefault(key[:2], []).append(key[2])
-        elif key[1] == -1:
+            continue
+        if key[1] == -1:
             ground.add(key[0])
-            kept.setdefault(key[:2], []).append(key[2])
         else:
             pairs.add(key[:2])
-            kept.setdefault(key[:2], []).append(key[2])
     return sorted(ground), sorted(pairs), kept
 
 
@@ -507,13 +496,11 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
     items = []  # (model, link, shape, size, bounding radius, world Jacobian row)
     Rs_w, ps_w, jrows = [], [], []
     if free and any(scene.shapes[n] for n in free):  # the free bodies' shapes at once
-        body, frames, shapes = _free_layout(scene, free, dtype, q.device)
+        body, frames, shapes, cols = _free_layout(scene, free, dtype, q.device)
         R, p = _placed(free_R[:, body], free_p[:, body], frames)
         Rs_w.append(R)
         ps_w.append(p)
-        # (B, K, 6, nv): each body's 6 columns in the scene's velocity
-        cols = torch.tensor([list(range(scene.vslices[n].start, scene.vslices[n].start + 6)) for n in free],
-                            dtype=torch.long, device=q.device)
+        # (B, K, 6, nv): each body's Jacobian in its 6 columns of the scene's velocity
         B_, K_ = free_J.shape[:2]
         jrows.append(free_J.new_zeros(B_, K_, 6, scene.nv).scatter(
             3, cols[None, :, None, :].expand(B_, K_, 6, 6), free_J))
