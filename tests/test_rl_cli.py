@@ -68,3 +68,22 @@ def test_wall_budget_stops_early(tmp_path):
               eval_episodes=1, progress=False, overrides={"num_envs": 2, "horizon": 4, "hidden": [8]})
     assert m["env_steps"] == 8  # one iteration, then the budget is spent
     assert json.loads((tmp_path / "w" / "config.json").read_text())["algo_config"]["critic_lr"] == 5e-4
+
+
+def test_the_curve_is_on_disk_after_each_evaluation(tmp_path):
+    # a long run can be watched (and one that dies keeps its curve): curve.csv after every evaluation
+    import torch
+
+    from diffmech.rl.env import NLinkReach
+    from diffmech.rl.train import _Recorder
+
+    env = NLinkReach(1, num_envs=2, seed=0)
+    rec = _Recorder(env, lambda obs: torch.zeros(obs.shape[0], 1, dtype=obs.dtype), 10, None, None, 5, tmp_path)
+    rec.evaluate()
+    rows = list(csv.DictReader(open(tmp_path / "curve.csv")))
+    assert len(rows) == 1 and float(rows[0]["env_steps"]) == 0
+    rec.advance(10)
+    rows = list(csv.DictReader(open(tmp_path / "curve.csv")))
+    assert [float(r["env_steps"]) for r in rows] == [0, 10]
+    assert float(rows[1]["eval_return"]) == pytest.approx(rec.rows[1]["eval_return"])
+    assert not (tmp_path / "curve.csv.tmp").exists()

@@ -7,7 +7,8 @@ deterministic policy at regular intervals, and writes into its folder:
 * ``metrics.json``: ``max_return`` (best evaluation return), ``final_return`` (last evaluation),
   ``env_steps``, ``wall_s`` (training time, evaluations excluded), ``total_wall_s``, and for
   nlink-reach ``max_possible_return`` (``0.5 n^2`` by default) with ``max_return`` relative to it;
-* ``curve.csv`` and ``curve.png``: evaluation return against environment steps and against
+* ``curve.csv`` (rewritten after every evaluation, so a run in progress can be watched) and
+  ``curve.png``: evaluation return against environment steps and against
   wall-clock training time;
 * ``checkpoint.pt`` (diffmech's learners: their networks and settings) or ``model.zip``
   (stable-baselines3's SAC and PPO, on the gymnasium adapter), the final policy, and
@@ -152,8 +153,9 @@ class _Recorder:
     """Evaluations at regular environment steps, training time without the evaluations."""
 
     def __init__(self, eval_env: DiffEnv, policy: Callable, every: int, bar, max_wall: float | None,
-                 evaluations: int):
+                 evaluations: int, out: Path | None = None):
         self.eval_env, self.policy, self.every, self.bar = eval_env, policy, max(1, every), bar
+        self.out = out  # curve.csv is rewritten there after every evaluation: a long run can be watched
         self.max_wall = math.inf if max_wall is None else float(max_wall)
         # with a wall budget, evaluations are also due every max_wall / evaluations seconds, so a slow
         # learner that spends its budget long before its step budget still gets a curve
@@ -191,15 +193,23 @@ class _Recorder:
             self.on_best()
         self.rows.append({"env_steps": self.env_steps, "wall_s": round(self.wall(), 3), "eval_return": ret,
                           "train_return": self.train_return})
+        if self.out is not None:
+            _write_curve_csv(self.out, self.rows)
         if self.bar is not None:
             self.bar.set_postfix(eval=f"{ret:.3f}", best=f"{max(r['eval_return'] for r in self.rows):.3f}")
 
 
-def _write_curve(out: Path, rows: list[dict], title: str, best_possible: float | None) -> None:
-    with open(out / "curve.csv", "w", newline="") as f:
+def _write_curve_csv(out: Path, rows: list[dict]) -> None:
+    tmp = out / "curve.csv.tmp"
+    with open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["env_steps", "wall_s", "eval_return", "train_return"])
         w.writeheader()
         w.writerows(rows)
+    tmp.replace(out / "curve.csv")  # whole files only, for a reader watching the run
+
+
+def _write_curve(out: Path, rows: list[dict], title: str, best_possible: float | None) -> None:
+    _write_curve_csv(out, rows)
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -324,7 +334,7 @@ def _train_own(algo, cfg, env_name, links, seed, steps, device, env_kwargs, eval
     per_iter = cfg.num_envs * (cfg.horizon if algo == "shac" else 1)
     iterations = math.ceil(steps / per_iter)
     learner = _learner(algo, cfg, env_name, links, seed, device, env_kwargs, iterations)
-    rec = _Recorder(eval_env, learner.act, every, bar, max_wall, evaluations)
+    rec = _Recorder(eval_env, learner.act, every, bar, max_wall, evaluations, out)
     best: dict = {}
     rec.on_best = lambda: best.update(state=copy.deepcopy(learner.state_dict()))
     rec.evaluate()
@@ -353,7 +363,7 @@ def _train_sb3(algo, env_name, links, seed, steps, overrides, env_kwargs, eval_e
         a, _ = model.predict(obs.detach().cpu().numpy(), deterministic=True)
         return torch.as_tensor(np.asarray(a), dtype=eval_env.dtype, device=eval_env.device)
 
-    rec = _Recorder(eval_env, policy, every, bar, max_wall, evaluations)
+    rec = _Recorder(eval_env, policy, every, bar, max_wall, evaluations, out)
     rec.on_best = lambda: model.save(out / "model_best.zip")
 
     class Hook(BaseCallback):
