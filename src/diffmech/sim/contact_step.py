@@ -604,8 +604,9 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
         bounce = (vn_pre < -scene.bounce_speed) & (cfree[..., 0] * dt < -phi) & (e > 0)
     target = torch.where(bounce, torch.maximum(target, -e * vn_pre), target)
     c = (cfree - torch.nn.functional.pad(target[..., None], (0, 2))).reshape(B, 3 * K)
+    replayed = scene.solver == "pgs" and replay is not None and list(replay) == keys
     lam0 = None
-    if warm:
+    if warm and not replayed:
         zero = c.new_zeros(B, 3)
         lam0 = torch.stack([warm.get(k, zero) for k in keys], 1)
     fallbacks = 0
@@ -623,7 +624,7 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
             fallbacks = len(bad)
             _warn_fallback(scene, bad.tolist())
         res = res._replace(lam=lam_s, iterations=res.iterations + it_s, residual=max(res.residual, rel_s))
-    elif replay is not None and list(replay) == keys:
+    elif replayed:
         res = pgs(A, c, mu, solution=torch.stack([replay[k] for k in keys], 1))
     else:
         res = pgs(A, c, mu, iterations=scene.iterations, tol=scene.tol, lam0=lam0)
