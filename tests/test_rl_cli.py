@@ -87,3 +87,20 @@ def test_the_curve_is_on_disk_after_each_evaluation(tmp_path):
     assert [float(r["env_steps"]) for r in rows] == [0, 10]
     assert float(rows[1]["eval_return"]) == pytest.approx(rec.rows[1]["eval_return"])
     assert not (tmp_path / "curve.csv.tmp").exists()
+
+
+def test_ant_shac_takes_the_task_windows(tmp_path):
+    # the Ant's SHAC windows default to 4 steps (longer windows' gradients grow through the contacts);
+    # --set still wins
+    out = tmp_path / "ant"
+    assert main(["rl", "train", "--env", "ant", "--algo", "shac", "--steps", "8", "--set", "num_envs=2",
+                 "--set", "hidden=[8, 8]", "--env-set", "horizon=2", "--evaluations", "1", "--eval-episodes", "1",
+                 "--seed", "0", "--out", str(out), "--no-progress"]) == 0
+    cfg = json.loads((out / "config.json").read_text())["algo_config"]
+    assert cfg["horizon"] == 4 and cfg["num_envs"] == 2
+    assert json.loads((out / "metrics.json").read_text())["env_steps"] == 8
+    out2 = tmp_path / "ant2"
+    assert main(["rl", "train", "--env", "ant", "--algo", "shac", "--steps", "4", "--set", "num_envs=2",
+                 "--set", "horizon=2", "--set", "hidden=[8, 8]", "--env-set", "horizon=2", "--evaluations", "1",
+                 "--eval-episodes", "1", "--seed", "0", "--out", str(out2), "--no-progress"]) == 0
+    assert json.loads((out2 / "config.json").read_text())["algo_config"]["horizon"] == 2

@@ -1,7 +1,7 @@
 """Summarise the Ant runs of experiments/rl/ant: a markdown table (printed) and one figure of every run's
 evaluation return against environment steps and against training wall-clock (curves.png).
 
-    python experiments/rl/ant/summary.py [DIR]
+    python experiments/rl/ant/summary.py [DIR [PREFIXES]]   # PREFIXES: e.g. shac64_h4,sac_w,sesac_w
 """
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ ALGOS = {"sac": "SAC (stable-baselines3)", "sesac": "sample-enhanced SAC", "shac
          "shac64": "SHAC, 64 environments"}
 
 
-def main(root: Path) -> None:
+def main(root: Path, only: str | None = None) -> None:
+    """``only``: the runs whose folder name starts with one of these comma-separated prefixes."""
     runs: dict[str, list[Path]] = {}
+    prefixes = tuple(only.split(",")) if only else ("",)
     for d in sorted(root.iterdir()):
-        if d.is_dir() and (d / "metrics.json").exists():
+        if d.is_dir() and (d / "metrics.json").exists() and d.name.startswith(prefixes):
             runs.setdefault(d.name.rsplit("_s", 1)[0], []).append(d)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     colours = dict(zip(runs, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
@@ -43,6 +45,8 @@ def main(root: Path) -> None:
         cap, wall = cfg.get("max_wall_s") or float("inf"), max(m["wall_s"] for m in ms)
         label = ALGOS.get(name.split("_")[0], name) + (f", {cap:.0f} s" if wall >= 0.95 * cap else
                                                        f", {wall:.0f} s (its step budget)")
+        if cfg["algo"] == "shac":
+            label += f", windows of {cfg['algo_config']['horizon']} steps"
         if cfg.get("env_kwargs", {}).get("contact_solver") == "smooth":
             label += ", smooth contacts"
         steps = ", ".join(str(m["env_steps"]) for m in ms)
@@ -66,8 +70,8 @@ def main(root: Path) -> None:
     axes[0].legend()
     fig.suptitle("Ant (diffmech.rl.Ant, episodes of 100 steps): return against steps and wall-clock")
     fig.tight_layout()
-    fig.savefig(root / "curves.png", dpi=100)
+    fig.savefig(root / ("curves.png" if only is None else f"curves_{only.replace(',', '_')}.png"), dpi=100)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "experiments/rl/ant"))
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "experiments/rl/ant"), sys.argv[2] if len(sys.argv) > 2 else None)
