@@ -54,9 +54,9 @@ DEFAULT_STEPS = {"shac": 500_000, "ppo": 500_000, "sac": 50_000, "policy-enhance
 # steps, seeds 0 and 1) reached best 4.47 and 3.51 of 4.5 and ended at NaN and 2.43; without, best 4.37
 # and 4.44, final 4.08 and 4.33.
 # On the Ant the gradient of a window's return grows with its length through the contacts: at SHAC's
-# initial policy the actor gradient's norm is about 1 for windows of 1 to 4 steps and 5 to 5e5 for 8 to 16
-# (experiments/rl/ant/gradient_growth.py); windows of 16 steps never learned to walk, windows of 4 did
-# (EXPERIMENTS.md, "The Ant").
+# initial policy the actor gradient's norm is 1 to 2 for windows of 1 to 4 steps (one window of 4: 20), 3.5
+# to 4.7 for 8 and 32 to 69 for 16 (experiments/rl/ant/gradient_growth.py), clipped to 1; windows of 16
+# steps never learned to walk, windows of 4 did (EXPERIMENTS.md, "The Ant").
 TASK_DEFAULTS = {("nlink-reach", "shac"): {"horizon": 50, "actor_lr": 5e-4, "critic_lr": 5e-4,
                                            "bootstrap_truncation": False},
                  ("ant", "shac"): {"horizon": 4}}
