@@ -104,3 +104,28 @@ def test_ant_shac_takes_the_task_windows(tmp_path):
                  "--set", "horizon=2", "--set", "hidden=[8, 8]", "--env-set", "horizon=2", "--evaluations", "1",
                  "--eval-episodes", "1", "--seed", "0", "--out", str(out2), "--no-progress"]) == 0
     assert json.loads((out2 / "config.json").read_text())["algo_config"]["horizon"] == 2
+
+
+def test_the_gif_follows_a_robot_that_travels(tmp_path):
+    # a robot that runs many times its size is followed by the view, one that stays is not
+    import numpy as np
+    import torch
+
+    from diffmech.rl.render import _follow, save_gif
+
+    body = np.array([[0.0, 0.0, 0.0], [0.5, 0.0, 0.3], [1.0, 0.0, 0.0]])  # (P, 3), 1 m wide
+    runs = np.stack([body + [0.2 * k, 0.0, 0.0] for k in range(50)])  # 9.8 m along x
+    stays = np.stack([body + [0.01 * k, 0.0, 0.0] for k in range(50)])
+    assert _follow(runs) == pytest.approx(0.75) and _follow(stays) is None
+
+    class Fake:
+        dt, dtype, device = 0.05, torch.float64, "cpu"
+
+        def draw_points(self, q):
+            return torch.as_tensor(runs)[: q.shape[0]]
+
+        def draw_target(self):
+            return None
+
+    save_gif(Fake(), torch.zeros(50, 1), tmp_path / "run.gif")
+    assert (tmp_path / "run.gif").read_bytes()[:6] == b"GIF89a"

@@ -21,6 +21,16 @@ def _extent(env, pts: np.ndarray) -> tuple[float, float, float, float]:
     return c[0] - half, c[0] + half, c[1] - half, c[1] + half
 
 
+def _follow(pts: np.ndarray) -> float | None:
+    """Half width (m) of a view that follows the robot, or ``None`` for one fixed view: a robot that
+    travels more than three of its own sizes (the Ant runs tens of metres) would be a dot in a view of
+    its whole path."""
+    xz = pts[..., [0, 2]]
+    body = float((xz.max(1) - xz.min(1)).max())
+    travel = float(pts[:, :, 0].mean(1).max() - pts[:, :, 0].mean(1).min())
+    return max(body, 0.25) * 0.75 if travel > 3 * max(body, 1e-9) else None
+
+
 def _figure(env, pts: np.ndarray, size: float):
     import matplotlib
 
@@ -69,7 +79,8 @@ def save_gif(env, qs: Tensor, path, *, fps: int | None = None, rewards: Tensor |
     """Animate the states ``qs (T, nq)`` into a GIF at ``path`` (matplotlib's Pillow writer).
 
     ``fps`` defaults to real time (``1 / env.dt``, at most 30 frames/s; frames are skipped to keep
-    it); ``rewards (T - 1,)`` adds the running return to the title.
+    it); ``rewards (T - 1,)`` adds the running return to the title. A robot that travels more than
+    three times its size is followed by the view (the x axis moves with it).
     """
     from matplotlib import animation
 
@@ -80,12 +91,19 @@ def save_gif(env, qs: Tensor, path, *, fps: int | None = None, rewards: Tensor |
     if idx[-1] != qs.shape[0] - 1:
         idx.append(qs.shape[0] - 1)
     pts = _points(env, qs)
-    fig, _, line, ttl = _figure(env, pts, size)
+    fig, ax, line, ttl = _figure(env, pts, size)
+    half = _follow(pts)
+    if half is not None:  # the same window around the robot in every frame; z as the whole path's
+        ax.set_ylim(min(float(pts[..., 2].min()) - 0.1 * half, -0.05 * half), float(pts[..., 2].max()) + 0.5 * half)
+        ax.set_aspect("auto")
     ret = None if rewards is None else np.concatenate([[0.0], np.cumsum(rewards.detach().cpu().double().numpy())])
 
     def draw(i):
         k = idx[i]
         line.set_data(pts[k, :, 0], pts[k, :, 2])
+        if half is not None:
+            c = float(pts[k, :, 0].mean())
+            ax.set_xlim(c - half, c + half)
         text = f"t = {k * env.dt:.2f} s"
         if ret is not None:
             text += f"   return {ret[min(k, len(ret) - 1)]:.3f}"
