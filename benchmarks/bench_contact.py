@@ -24,8 +24,9 @@ its trajectory checked against ``mj_step``'s. ``mujoco-torch``: probed, and skip
 and backward 1.2 ms per step.
 
 Writes ``benchmarks/results/bench_contact.json`` and a section of BENCHMARKS.md; ``--peers`` measures
-a subset (e.g. ``--peers mjx``) into ``benchmarks/results/bench_contact.<peers>.json`` and prints its
-tables without touching BENCHMARKS.md.
+a subset (e.g. ``--peers mjx``) into ``benchmarks/results/bench_contact.<peers>.json`` (with a
+``--batch`` other than ``1,10``: ``bench_contact.<peers>.batch<batch>.json``) and prints its tables
+without touching BENCHMARKS.md.
 
     python benchmarks/bench_contact.py                 # the whole table: about 80 minutes on 2 busy cores
     python benchmarks/bench_contact.py --peers mjx     # MJX alone (its compiles: about 30 minutes)
@@ -473,7 +474,9 @@ def main(argv=None) -> dict:
            "args": " ".join(sys.argv[1:] if argv is None else argv)}
     full = set(peers) == set(PEERS) or args.scene != "laikago"
     if not args.no_write:
-        name = "bench_contact.json" if full else "bench_contact." + "+".join(peers) + ".json"
+        # a subset of the peers, or of the robot counts, gets a file of its own (runs of other subsets stay)
+        name = ("bench_contact.json" if full else "bench_contact." + "+".join(peers)
+                + ("" if args.batch == "1,10" else ".batch" + args.batch.replace(",", "+")) + ".json")
         with open(os.path.join(ROOT, "benchmarks", "results", name), "w") as f:
             json.dump(rep, f, indent=2)
     text = "\n".join(markdown(rep))
