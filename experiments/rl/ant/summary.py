@@ -67,7 +67,7 @@ def main(root: Path, only: str | None = None) -> None:
     axes[0].set_ylabel("evaluation return (2 episodes of 100 steps)")
     for ax in axes:
         ax.grid(alpha=0.3)
-    axes[0].legend()
+    axes[0].legend(loc="lower right", fontsize=8)
     fig.suptitle("Ant (diffmech.rl.Ant, episodes of 100 steps): return against steps and wall-clock")
     fig.tight_layout()
     fig.savefig(root / ("curves.png" if only is None else f"curves_{only.replace(',', '_')}.png"), dpi=100)
