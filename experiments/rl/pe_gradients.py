@@ -115,7 +115,8 @@ def main(runs: list[str]) -> None:
             print(run.name, which, {k: round(x, 3) for k, x in res[which].items()}, flush=True)
         (run / "pe_gradients.json").write_text(json.dumps(res, indent=1))
         every.setdefault(json.loads((run / "config.json").read_text())["links"], []).append(res)
-    print("| n | runs | checkpoint | cos(g_pe, g_true) | cos(g_q, g_true) | cos(g_pe, g_q) | |g_true| | |g_pe| | |g_q| | |dr/da| |")
+    print("| n | runs | checkpoint | cos(g_pe, g_true) | cos(g_q, g_true) | cos(g_pe, g_q) | |g_true| | |g_pe| | |g_q| "
+          "| |dr/da| |")
     print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for n, rs in sorted(every.items()):
         for which in ("best", "final"):
