@@ -94,8 +94,11 @@ def save_gif(env, qs: Tensor, path, *, fps: int | None = None, rewards: Tensor |
     fig, ax, line, ttl = _figure(env, pts, size)
     half = _follow(pts)
     if half is not None:  # the same window around the robot in every frame; z as the whole path's
-        ax.set_ylim(min(float(pts[..., 2].min()) - 0.1 * half, -0.05 * half), float(pts[..., 2].max()) + 0.5 * half)
-        ax.set_aspect("auto")
+        lo = min(float(pts[..., 2].min()) - 0.1 * half, -0.05 * half)
+        hi = max(float(pts[..., 2].max()) + 0.1 * half, lo + 2 * half)
+        ax.set_ylim(lo, hi)
+        if hi - lo > 2 * half:  # a robot that jumps higher than the window is wide: keep it all in view
+            ax.set_aspect("auto")
     ret = None if rewards is None else np.concatenate([[0.0], np.cumsum(rewards.detach().cpu().double().numpy())])
 
     def draw(i):
