@@ -17,7 +17,8 @@ timings, both simulators roll out the same random torques from the same start an
 difference of the joint angles (diffmech in float64 there) is recorded.
 
 The Ant (:class:`diffmech.rl.Ant`, float64, frame skip 5 x 0.01 s, hard contacts by projected
-Gauss-Seidel) likewise with ``--ant-batches`` parallel Ants and ``--ant-steps`` steps, against its
+Gauss-Seidel) likewise with ``--ant-batches`` parallel Ants and ``--ant-steps`` steps (a fifth of them above
+1,024 Ants, whose graph keeps every substep's Delassus matrices), against its
 MuJoCo twin (:func:`diffmech.rl.transplant.mujoco_ant`: same geometry, masses, joints and motors,
 ``Euler``, 0.01 s, soft contacts; each control held for 5 MuJoCo steps) through ``mujoco.rollout``.
 
@@ -273,6 +274,9 @@ def _summarise(cell: dict, kinds: dict, times: dict, cpu: dict, n_steps: int) ->
     return cell
 
 
+ANT_BIG = 1024  # more Ants than this: a fifth of the rollout's steps, and no gymnasium vector env
+
+
 def measure_ant(batch: int, steps: int, repeats: int, mj_threads: int, device: str) -> dict:
     """Env steps per second of ``batch`` Ants for ``steps`` steps: diffmech with gradients and without a graph,
     MuJoCo's twin through ``mujoco.rollout`` (controls held for ``frame_skip`` MuJoCo steps)."""
@@ -294,7 +298,7 @@ def measure_ant(batch: int, steps: int, repeats: int, mj_threads: int, device: s
         data.qpos[:], data.qvel[:] = qpos[b], qvel[b]
         mujoco.mj_getState(model, data, initial[b], spec)
     control = np.ascontiguousarray(np.repeat(actions.permute(1, 0, 2).cpu().numpy(), env.frame_skip, axis=1))
-    genv = gymnasium_ant(batch)
+    genv = gymnasium_ant(batch) if batch <= ANT_BIG else None  # thousands of gymnasium envs: not built
     extra = {}
     if genv is not None:
         acts = np.ascontiguousarray(actions.cpu().numpy())
@@ -344,7 +348,8 @@ def ant_section(rep: dict) -> list[str]:
         lines[-1] += "---:|---:|---:|"
     for c in cells:
         one = _rate(c["mujoco_1_steps_per_s"]) if "mujoco_1_steps_per_s" in c else "n/a"
-        row = (f"| {c['batch']} | {_rate(c['grad_steps_per_s'])} | {_rate(c['nograd_steps_per_s'])} | "
+        label = f"{c['batch']}" + (f" ({c['steps']} steps)" if c["steps"] != cells[0]["steps"] else "")
+        row = (f"| {label} | {_rate(c['grad_steps_per_s'])} | {_rate(c['nograd_steps_per_s'])} | "
                f"{_rate(c['mujoco_steps_per_s'])} | {one} | {_ratio(c['mujoco_over_grad'])} | "
                f"{_ratio(c['mujoco_over_nograd'])} | {_ratio(c['mujoco_over_grad_cpu'])} |")
         if gym:
@@ -465,7 +470,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", default=None, help="results file (default benchmarks/results/bench_rl.json)")
     ap.add_argument("--markdown", default=None, help="markdown file to update (default BENCHMARKS.md); 'none' skips")
     ap.add_argument("--from-json", default=None, metavar="JSON", help="only re-render the markdown from a results file")
-    ap.add_argument("--ant-batches", default="1,64", help="numbers of Ants (default %(default)s; '' skips the Ant)")
+    ap.add_argument("--ant-batches", default="1,64,4096",
+                    help="numbers of Ants (default %(default)s; '' skips the Ant; more than 1024 Ants roll out a "
+                    "fifth of --ant-steps, without gymnasium's Ant)")
     ap.add_argument("--ant-steps", type=int, default=20, help="Ant steps per rollout (default %(default)s, 1 s)")
     ap.add_argument("--ant-only", action="store_true",
                     help="measure only the Ant and merge its rows into the existing results file")
@@ -523,7 +530,9 @@ def _measure_ants(rep: dict, args, batches: str, steps: int, repeats: int, mj_th
     z = zero_action_agreement(0.5)
     rep["ant_agreement"] = {k: v for k, v in z.items() if not isinstance(v, list)}
     for b in (int(x) for x in batches.split(",")):
-        c = measure_ant(b, steps, repeats, mj_threads, args.device)
+        # a large batch's graph keeps every substep's Delassus matrices (4096 Ants: 118 MB a substep), so
+        # it rolls out a fifth of the steps
+        c = measure_ant(b, steps if b <= ANT_BIG else max(1, steps // 5), repeats, mj_threads, args.device)
         rep["ant_cells"].append(c)
         print(f"ant x{b:<5d} grad {_rate(c['grad_steps_per_s']):>10s}  nograd {_rate(c['nograd_steps_per_s']):>10s}  "
               f"mujoco({mj_threads}) {_rate(c['mujoco_steps_per_s']):>12s}  ratio {_ratio(c['mujoco_over_grad'])}",
