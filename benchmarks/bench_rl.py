@@ -368,6 +368,11 @@ def ant_section(rep: dict) -> list[str]:
     skipped = rep.get("ant_skipped")
     if skipped:
         lines += ["", skipped]
+    big = [c for c in cells if c["batch"] > ANT_BIG]
+    if big:
+        lines += ["", f"{', '.join(str(c['batch']) for c in big)} Ants: {big[0]['steps']} steps per rollout, the "
+                      "graph of a longer one would keep every substep's Delassus matrices (4096 x 60 x 60 in float64: "
+                      "118 MB a substep); gymnasium's vector env of that many Ants is not built (n/a)."]
     if a:
         lines += ["", f"Same robot: under zero action from the same start both fall identically until a foot touches "
                       f"(largest position difference {a['max_abs_dq_before_contact']:.1e} before "
@@ -525,6 +530,7 @@ def _measure_ants(rep: dict, args, batches: str, steps: int, repeats: int, mj_th
     from diffmech.rl.transplant import zero_action_agreement
 
     rep["ant_cells"] = []
+    rep.pop("ant_skipped", None)  # a note of an earlier run of the results file
     if not batches:
         return
     z = zero_action_agreement(0.5)
