@@ -213,8 +213,8 @@ def _write_curve_csv(out: Path, rows: list[dict]) -> None:
     tmp.replace(out / "curve.csv")  # whole files only, for a reader watching the run
 
 
-def _write_curve(out: Path, rows: list[dict], title: str, best_possible: float | None) -> None:
-    _write_curve_csv(out, rows)
+def _plot_curve(out: Path, rows: list[dict], title: str, best_possible: float | None) -> None:
+    """``curve.png`` (the recorder has written ``curve.csv`` at each evaluation)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -330,7 +330,7 @@ def train(env_name: str, algo: str, out, *, links: int = 2, steps: int | None = 
         metrics["relative_max_return"] = metrics["max_return"] / best
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
     title = f"{algo} on {env_name}" + (f" (n = {links})" if env_name == "nlink-reach" else "") + f", seed {seed}"
-    _write_curve(out, rec.rows, title, best)
+    _plot_curve(out, rec.rows, title, best)
     return metrics
 
 
