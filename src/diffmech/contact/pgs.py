@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ShapeError
-from .pgs_native import native_sweeps
+from .pgs_native import native_sweeps, native_vjp
 
 __all__ = ["PGSResult", "pgs"]
 
@@ -192,6 +192,60 @@ def _least_norm_solve(M: Tensor, b: Tensor) -> Tensor:
     return x
 
 
+def implicit_vjp(lam: Tensor, A: Tensor, c: Tensor, mu: Tensor, grad: Tensor
+                 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """The cotangents of ``A``, ``c`` and ``mu`` for the cotangent ``grad (B, K, 3)`` of the solution
+    ``lam (B, K, 3)`` (implicit function theorem, modes fixed), in low-rank form: ``(a, d, g_mu)``
+    with ``g_c = a (B, 3K)``, ``g_A = a lam^T + diag(d)`` (``d (B, 3K)``, ``None`` where no block
+    slides) and ``g_mu (B, K)`` (``None`` where no block slides: zero).
+
+    In C on the CPU (:func:`~diffmech.contact.pgs_native.native_vjp`: in torch this is some sixty
+    operations on a few dozen numbers per environment); the environments whose residual Jacobian is
+    rank-deficient, and other devices, by the torch code and its least-norm solve."""
+    got = native_vjp(lam, A, c, mu, grad)
+    if got is None:
+        return _implicit_vjp(lam, A, c, mu, grad)
+    a, d, g_mu, ok, slides = got
+    if not bool(ok.all()):
+        bad = (~ok).nonzero()[:, 0]
+        a2, d2, g2 = _implicit_vjp(lam[bad], A[bad], c[bad], mu[bad], grad[bad])
+        a[bad] = a2
+        d[bad] = d2 if d2 is not None else 0.0
+        g_mu[bad] = g2 if g2 is not None else 0.0
+        slides += int(d2 is not None)
+    return (a, d, g_mu) if slides else (a, None, None)
+
+
+def _implicit_vjp(lam: Tensor, A: Tensor, c: Tensor, mu: Tensor, grad: Tensor
+                  ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """:func:`implicit_vjp` in torch."""
+    B, K, _ = lam.shape
+    R = 3 * K
+    state = _state(lam, A, c)
+    active, sliding, free_t = _modes(lam, A, c, mu, state)
+    J, wrow, parts = _residual_jacobian(lam, A, c, mu, active, sliding, free_t, state)
+    # J^T u = grad. Least norm: a statically indeterminate contact (four corners of a box on
+    # the ground) leaves a null space in the normal impulses that moves no velocity.
+    u = _least_norm_solve(J.transpose(-1, -2), grad.reshape(B, R, 1))[..., 0]
+    # dL/dtheta = -u^T dF/dtheta. F reads c and A through w = A lam + c: the coefficient of w
+    # is -u on the rows f = w, and mu lam_n D_t P (-u_t) on a sliding block's tangent rows.
+    v = -u
+    a = torch.where(wrow, v, torch.zeros_like(v)).reshape(B, K, 3)
+    if parts["P"] is None:
+        return a.reshape(B, R), None, None
+    Pv = (parts["P"] @ v.reshape(B, K, 3)[..., 1:, None])[..., 0]  # (B, K, 2)
+    mln, inv = parts["mln"], parts["inv"]
+    a = torch.cat([a[..., :1], torch.where(sliding[..., None], mln[..., None] * inv[..., 1:] * Pv, a[..., 1:])], -1)
+    # ... and mu directly: d f_t / d mu = -lam_n z_hat
+    g_mu = torch.where(sliding, -lam[..., 0] * (v.reshape(B, K, 3)[..., 1:] * parts["z_hat"]).sum(-1),
+                       torch.zeros_like(mu))
+    # z = lam_t - inv_t w_t with inv = 1 / diag(A): d f_t / d inv_t = mu lam_n P diag(w_t) and
+    # d inv_r / d A_rr = -inv_r^2
+    d = torch.where(sliding[..., None], -mln[..., None] * Pv * parts["w"][..., 1:] * inv[..., 1:] ** 2,
+                    torch.zeros_like(Pv))
+    return a.reshape(B, R), torch.cat([torch.zeros_like(d[..., :1]), d], -1).reshape(B, R), g_mu
+
+
 class _ImplicitPGS(torch.autograd.Function):
     @staticmethod
     def forward(ctx, lam, A, c, mu):
@@ -202,43 +256,15 @@ class _ImplicitPGS(torch.autograd.Function):
     def backward(ctx, grad):
         lam, A, c, mu = ctx.saved_tensors
         B, K, _ = lam.shape
-        R = 3 * K
-        state = _state(lam, A, c)
-        active, sliding, free_t = _modes(lam, A, c, mu, state)
-        J, wrow, parts = _residual_jacobian(lam, A, c, mu, active, sliding, free_t, state)
-        # J^T u = grad. Least norm: a statically indeterminate contact (four corners of a box on
-        # the ground) leaves a null space in the normal impulses that moves no velocity.
-        u = _least_norm_solve(J.transpose(-1, -2), grad.reshape(B, R, 1))[..., 0]
-        if not (A.requires_grad or c.requires_grad or mu.requires_grad):
-            return None, None, None, None
-        # dL/dtheta = -u^T dF/dtheta. F reads c and A through w = A lam + c: the coefficient of w
-        # is -u on the rows f = w, and mu lam_n D_t P (-u_t) on a sliding block's tangent rows.
-        v = -u
-        a = torch.where(wrow, v, torch.zeros_like(v)).reshape(B, K, 3)
-        g_mu = None
-        if parts["P"] is not None:
-            Pv = (parts["P"] @ v.reshape(B, K, 3)[..., 1:, None])[..., 0]  # (B, K, 2)
-            mln, inv = parts["mln"], parts["inv"]
-            slide_t = mln[..., None] * inv[..., 1:] * Pv
-            a = torch.cat([a[..., :1], torch.where(sliding[..., None], slide_t, a[..., 1:])], -1)
-            # ... and mu directly: d f_t / d mu = -lam_n z_hat
-            g_mu = torch.where(sliding, -lam[..., 0] * (v.reshape(B, K, 3)[..., 1:] * parts["z_hat"]).sum(-1),
-                               torch.zeros_like(mu))
-        a = a.reshape(B, R)
-        g_c = a if c.requires_grad else None
+        a, d, g_mu = implicit_vjp(lam, A, c, mu, grad)
         g_A = None
         if A.requires_grad:
-            g_A = a[..., :, None] * lam.reshape(B, 1, R)
-            if parts["P"] is not None:
-                # z = lam_t - inv_t w_t with inv = 1 / diag(A): d f_t / d inv_t = mu lam_n P diag(w_t)
-                # and d inv_r / d A_rr = -inv_r^2
-                d = torch.where(sliding[..., None], -parts["mln"][..., None] * Pv * parts["w"][..., 1:]
-                                * parts["inv"][..., 1:] ** 2, torch.zeros_like(Pv))
-                d = torch.cat([torch.zeros_like(d[..., :1]), d], -1).reshape(B, R)
+            g_A = a[..., :, None] * lam.reshape(B, 1, 3 * K)
+            if d is not None:
                 g_A = g_A + torch.diag_embed(d)
         if g_mu is None and mu.requires_grad:
             g_mu = torch.zeros_like(mu)
-        return None, g_A, g_c, (g_mu if mu.requires_grad else None)
+        return None, g_A, (a if c.requires_grad else None), (g_mu if mu.requires_grad else None)
 
 
 def pgs(A: Tensor, c: Tensor, mu: Tensor, *, iterations: int = 50, tol: float = 1e-9,

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from ..contact import geometry as geo
+from ..contact.impulses import Blocks, assemble, velocity_update
 from ..contact.pgs import pgs
 from ..contact.smooth import smooth_solve
 from ..dynamics._jacobian import JACOBIAN_MAX_BATCH, one_thread
@@ -589,28 +590,22 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
     K = Jc.shape[1]
     phi, mu, e = torch.cat(phis, 1), torch.cat(mus, 1), torch.cat(es, 1)
     J = Jc.reshape(B, 3 * K, scene.nv)
-    solved = {}
-    if free:  # the free bodies' blocks in one batched solve
-        Jf = torch.stack([J[..., scene.vslices[n]] for n in free], 1).transpose(-1, -2)  # (B, F, 6, 3K)
-        sol = torch.cholesky_solve(Jf, torch.stack([chol[n] for n in free], 1))
-        solved = {n: sol[:, k] for k, n in enumerate(free)}
-    MinvJt = torch.cat([solved[n] if n in solved else
-                        torch.cholesky_solve(J[..., scene.vslices[n]].transpose(-1, -2), chol[n]) for n in names], -2)
-    A = J @ MinvJt
-    vn_pre = (J @ v[..., None])[..., 0].reshape(B, K, 3)[..., 0]
-    cfree = (J @ v_free[..., None])[..., 0].reshape(B, K, 3)
-    target = -phi / dt * torch.where(phi >= 0, 1.0, scene.baumgarte)
-    with torch.no_grad():
-        bounce = (vn_pre < -scene.bounce_speed) & (cfree[..., 0] * dt < -phi) & (e > 0)
-    target = torch.where(bounce, torch.maximum(target, -e * vn_pre), target)
-    c = (cfree - torch.nn.functional.pad(target[..., None], (0, 2))).reshape(B, 3 * K)
+    # the mass matrix's blocks: the free bodies' stacked (one batched solve), each other model's own
+    Ls = ([torch.stack([chol[n] for n in free], 1)] if free else []) + [chol[n][:, None] for n in names
+                                                                          if n not in free]
+    starts = ([tuple(scene.vslices[n].start for n in free)] if free else []) + [
+        (scene.vslices[n].start,) for n in names if n not in free]
+    blocks = Blocks(Ls, starts)
+    rules = {"dt": dt, "baumgarte": scene.baumgarte, "bounce_speed": scene.bounce_speed}
     replayed = replay is not None and list(replay) == keys  # contact_step passes replay with pgs only
     lam0 = None
     if warm and not replayed:
-        zero = c.new_zeros(B, 3)
+        zero = phi.new_zeros(B, 3)
         lam0 = torch.stack([warm.get(k, zero) for k in keys], 1)
     fallbacks = 0
     if scene.solver == "smooth":
+        prob = assemble(J, v, v_free, phi, e, blocks, **rules)
+        A, c = prob.A, prob.c
         # the hard problem's solution, without a graph, is the starting guess of the Newton solve
         res = pgs(A.detach(), c.detach(), mu.detach(), iterations=scene.iterations, tol=scene.tol, lam0=lam0)
         lam_s, it_s, rel_s, solved = smooth_solve(A, c, mu, res.lam, kappa=scene.smoothing,
@@ -624,11 +619,18 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
             fallbacks = len(bad)
             _warn_fallback(scene, bad.tolist())
         res = res._replace(lam=lam_s, iterations=res.iterations + it_s, residual=max(res.residual, rel_s))
-    elif replayed:
-        res = pgs(A, c, mu, solution=torch.stack([replay[k] for k in keys], 1))
+        v1 = v_free + (prob.W @ res.lam.reshape(B, 3 * K, 1))[..., 0]
     else:
-        res = pgs(A, c, mu, iterations=scene.iterations, tol=scene.tol, lam0=lam0)
-    v1 = v_free + (MinvJt @ res.lam.reshape(B, 3 * K, 1))[..., 0]
+        if replayed:
+            sol = torch.stack([replay[k] for k in keys], 1)
+
+            def solve(A, c, mu_):
+                return pgs(A, c, mu_, solution=sol)
+        else:
+            def solve(A, c, mu_):
+                return pgs(A, c, mu_, iterations=scene.iterations, tol=scene.tol, lam0=lam0)
+        # assembly, solve and impulses with a hand-written reverse pass (see diffmech.contact.impulses)
+        v1, res = velocity_update(J, v, v_free, phi, mu, e, blocks, solve, **rules)
     q1, v1 = _advance(scene, qs, scene.split(v1, "v"), dt, free)
     if info is not None:
         lam = res.lam.detach()
