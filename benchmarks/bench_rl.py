@@ -18,7 +18,7 @@ difference of the joint angles (diffmech in float64 there) is recorded.
 
 The Ant (:class:`diffmech.rl.Ant`, float64, frame skip 5 x 0.01 s, hard contacts by projected
 Gauss-Seidel) likewise with ``--ant-batches`` parallel Ants and ``--ant-steps`` steps (a fifth of them above
-1,024 Ants, whose graph keeps every substep's Delassus matrices), against its
+1,024 Ants, whose graph keeps every substep's contact Jacobians), against its
 MuJoCo twin (:func:`diffmech.rl.transplant.mujoco_ant`: same geometry, masses, joints and motors,
 ``Euler``, 0.01 s, soft contacts; each control held for 5 MuJoCo steps) through ``mujoco.rollout``.
 
@@ -371,8 +371,9 @@ def ant_section(rep: dict) -> list[str]:
     big = [c for c in cells if c["batch"] > ANT_BIG]
     if big:
         lines += ["", f"{', '.join(str(c['batch']) for c in big)} Ants: {big[0]['steps']} steps per rollout, the "
-                      "graph of a longer one would keep every substep's Delassus matrices (4096 x 60 x 60 in float64: "
-                      "118 MB a substep); gymnasium's vector env of that many Ants is not built (n/a)."]
+                      "graph of a longer one would keep every substep's contact Jacobian J and M^-1 J^T "
+                      "(2 x 4096 x 60 x 14 in float64: 55 MB a substep with 20 candidates); gymnasium's vector env of "
+                      "that many Ants is not built (n/a)."]
     if a:
         lines += ["", f"Same robot: under zero action from the same start both fall identically until a foot touches "
                       f"(largest position difference {a['max_abs_dq_before_contact']:.1e} before "
@@ -536,7 +537,7 @@ def _measure_ants(rep: dict, args, batches: str, steps: int, repeats: int, mj_th
     z = zero_action_agreement(0.5)
     rep["ant_agreement"] = {k: v for k, v in z.items() if not isinstance(v, list)}
     for b in (int(x) for x in batches.split(",")):
-        # a large batch's graph keeps every substep's Delassus matrices (4096 Ants: 118 MB a substep), so
+        # a large batch's graph keeps every substep's J and M^-1 J^T (4096 Ants: up to 55 MB a substep), so
         # it rolls out a fifth of the steps
         c = measure_ant(b, steps if b <= ANT_BIG else max(1, steps // 5), repeats, mj_threads, args.device)
         rep["ant_cells"].append(c)
@@ -549,8 +550,8 @@ def _measure_ants(rep: dict, args, batches: str, steps: int, repeats: int, mj_th
                               "for 64, 256 and 1024 Ants here (about 0.05 ms per Ant beyond a few hundred), so 4096 "
                               "Ants with gradients over one 20-step rollout (100 substeps, steps with gradients about "
                               "2.8 times those without at 64 Ants) would take about 1 CPU-minute per repeat, and its "
-                              "graph would keep every substep's Delassus matrices (4096 x 60 x 60 in float64, 118 MB "
-                              "a substep): over 12 GB for the 100 substeps.")
+                              "graph would keep every substep's J and M^-1 J^T (2 x 4096 x 60 x 14 in float64, up to "
+                              "55 MB a substep): over 5 GB for the 100 substeps.")
 
 
 def _ant_only(args, argv, md, t_start, load_before) -> dict:

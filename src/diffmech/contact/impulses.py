@@ -137,12 +137,15 @@ class _Update(torch.autograd.Function):
         v1, res, p, u = _solve_and_apply(solve, consts, J, v, v_free, phi, mu, e, Ls)
         out["result"] = res
         ctx.consts = consts
-        ctx.save_for_backward(J, v, v_free, phi, mu, e, res.lam, u, p.A, p.c, p.W, p.vn, p.bounce, p.scale, *Ls)
+        # A = J W is formed again in the backward pass rather than kept: (B, 3K, 3K) is the largest
+        # tensor of a step (118 MB for 4096 Ants' 20 candidates), the product a small share of the time
+        ctx.save_for_backward(J, v, v_free, phi, mu, e, res.lam, u, p.c, p.W, p.vn, p.bounce, p.scale, *Ls)
         return v1
 
     @staticmethod
     def backward(ctx, g):
-        J, v, v_free, phi, mu, e, lam, u, A, c, W, vn, bounce, scale, *Ls = ctx.saved_tensors
+        J, v, v_free, phi, mu, e, lam, u, c, W, vn, bounce, scale, *Ls = ctx.saved_tensors
+        A = J @ W  # bit for bit the forward's (the same product of the same tensors)
         dt, _, _, starts = ctx.consts
         blocks = Blocks(Ls, starts)
         B, R, nv = J.shape

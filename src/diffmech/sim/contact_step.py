@@ -255,25 +255,31 @@ def _select(scene: Scene, t: _Touching, J_all: Tensor, v_free: Tensor, dt: float
     first = [0]
     for k in t.counts:
         first.append(first[-1] + k)
-    if isinstance(t.bodies[0], tuple):  # pairs: relative Jacobian, linear in the twists
-        ra = torch.tensor([t.bodies[g][0] for g in owner], dtype=torch.long, device=v_free.device)
-        rb = torch.tensor([t.bodies[g][1] for g in owner], dtype=torch.long, device=v_free.device)
-        Jc = J_all[:, ra] - J_all[:, rb]
-    else:
-        Jc = J_all[:, torch.tensor([t.bodies[g] for g in owner], dtype=torch.long, device=v_free.device)]
-    # (B, m, 3, nv): the velocity of the point x, v_o + w x x (each column's angular part crossed with x)
-    Jrel = Jc[:, :, :3] + torch.linalg.cross(Jc[:, :, 3:], t.point[..., None], dim=-2)
+    dev = v_free.device
+    pairs = isinstance(t.bodies[0], tuple)
+
+    def rows_of(cands: list[int]) -> Tensor:
+        """The candidates' bodies' world Jacobians (B, m, 6, nv): relative for pairs, linear in the twists."""
+        if pairs:
+            ra = torch.tensor([t.bodies[owner[j]][0] for j in cands], dtype=torch.long, device=dev)
+            rb = torch.tensor([t.bodies[owner[j]][1] for j in cands], dtype=torch.long, device=dev)
+            return J_all[:, ra] - J_all[:, rb]
+        return J_all[:, torch.tensor([t.bodies[owner[j]] for j in cands], dtype=torch.long, device=dev)]
+
     if kept is not None:
         idx = [first[g] + j for g, key in enumerate(t.keys) for j in kept.get(key, ())]
     else:
-        with torch.no_grad():  # a mask only: no graph for the backward pass's recomputation to build
-            vrel = (Jrel @ v_free[:, None, :, None])[..., 0]
+        with torch.no_grad():  # a mask only: the velocity of each candidate point, v_o + w x x, from the twists
+            tw = (rows_of(list(range(len(owner)))) @ v_free[:, None, :, None])[..., 0]  # (B, m, 6)
+            vrel = tw[..., :3] + torch.linalg.cross(tw[..., 3:], t.point, dim=-1)
             idx = (t.phi < 2e-3 + 2.0 * dt * vrel.norm(dim=-1)).any(0).nonzero()[:, 0].tolist()
     if not idx:
         return
+    # the kept candidates' rows only (B, k, 3, nv): each column's angular part crossed with the point
+    sel = torch.tensor(idx, dtype=torch.long, device=dev)
+    Jc = rows_of(idx)
+    Js = Jc[:, :, :3] + torch.linalg.cross(Jc[:, :, 3:], t.point[:, sel, :, None], dim=-2)
     keys.extend((*t.keys[owner[j]], j - first[owner[j]]) for j in idx)
-    sel = torch.tensor(idx, dtype=torch.long, device=v_free.device)
-    Js = Jrel[:, sel]
     if frame is not None:
         rows.append(frame @ Js)  # the same frame for every candidate (the ground)
     else:
