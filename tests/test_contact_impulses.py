@@ -202,7 +202,7 @@ def test_float32_matches_float64():
         sol = lam64.to(dtype)
         with native_mode("auto"):
             v1, _ = velocity_update(*ins[:6], Blocks(ins[6:], blocks.starts),
-                                    lambda A, c, m: pgs(A, c, m, solution=sol), **RULES)
+                                    lambda A, c, m, sol=sol: pgs(A, c, m, solution=sol), **RULES)
             w = torch.linspace(-1, 1, v1.numel(), dtype=dtype).reshape(v1.shape)
             out[dtype] = [v1.detach()] + list(torch.autograd.grad(v1, ins, w))
     for a, b in zip(out[torch.float32], out[torch.float64]):

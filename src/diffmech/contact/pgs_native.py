@@ -26,6 +26,20 @@ _TEMPLATE = r"""
 #include <stdint.h>
 #include <stdlib.h>
 
+/* inv = 1 / diag(A) where the diagonal is above 1e-12 of its largest (else 0); w = A lam + c */
+static void prepare_SUFFIX(int64_t R, const REAL *Ab, const REAL *cb, const REAL *lb, REAL *inv, REAL *w) {
+    REAL dmax = 0;
+    for (int64_t i = 0; i < R; ++i) dmax = Ab[i * R + i] > dmax ? Ab[i * R + i] : dmax;
+    REAL floor_ = (REAL)1e-12 * (dmax > (REAL)1e-300 ? dmax : (REAL)1e-300);
+    for (int64_t i = 0; i < R; ++i) {
+        REAL d = Ab[i * R + i];
+        inv[i] = d > floor_ ? (REAL)1 / d : (REAL)0;
+        REAL s = cb[i];
+        for (int64_t j = 0; j < R; ++j) s += Ab[i * R + j] * lb[j];
+        w[i] = s;
+    }
+}
+
 void pgs_SUFFIX(int64_t B, int64_t K, const REAL *A, const REAL *c, const REAL *mu, REAL *lam,
                 int64_t iterations, double tol, int64_t check_every, int64_t *iters_out, double *res_out) {
     const int64_t R = 3 * K;
@@ -36,18 +50,7 @@ void pgs_SUFFIX(int64_t B, int64_t K, const REAL *A, const REAL *c, const REAL *
     for (int64_t b = 0; b < B; ++b) {
         const REAL *Ab = A + b * R * R, *cb = c + b * R, *mub = mu + b * K;
         REAL *lb = lam + b * R;
-        REAL dmax = 0;
-        for (int64_t i = 0; i < R; ++i) dmax = Ab[i * R + i] > dmax ? Ab[i * R + i] : dmax;
-        REAL floor_ = (REAL)1e-12 * (dmax > (REAL)1e-300 ? dmax : (REAL)1e-300);
-        for (int64_t i = 0; i < R; ++i) {
-            REAL d = Ab[i * R + i];
-            inv[i] = d > floor_ ? (REAL)1 / d : (REAL)0;
-        }
-        for (int64_t i = 0; i < R; ++i) {
-            REAL s = cb[i];
-            for (int64_t j = 0; j < R; ++j) s += Ab[i * R + j] * lb[j];
-            w[i] = s;
-        }
+        prepare_SUFFIX(R, Ab, cb, lb, inv, w);
         int64_t it = 0;
         double residual = INFINITY;
         for (it = 1; it <= iterations; ++it) {
@@ -116,16 +119,7 @@ int64_t vjp_SUFFIX(int64_t B, int64_t K, const REAL *A, const REAL *c, const REA
     for (int64_t b = 0; b < B; ++b) {
         const REAL *Ab = A + b * R * R, *cb = c + b * R, *mub = mu + b * K, *lb = lam + b * R;
         REAL *ab = a_out + b * R, *db = d_out + b * R, *gb = gmu_out + b * K;
-        REAL dmax = 0;
-        for (int64_t i = 0; i < R; ++i) dmax = Ab[i * R + i] > dmax ? Ab[i * R + i] : dmax;
-        REAL floor_ = (REAL)1e-12 * (dmax > (REAL)1e-300 ? dmax : (REAL)1e-300);
-        for (int64_t i = 0; i < R; ++i) {
-            REAL d = Ab[i * R + i];
-            inv[i] = d > floor_ ? (REAL)1 / d : (REAL)0;
-            REAL s = cb[i];
-            for (int64_t j = 0; j < R; ++j) s += Ab[i * R + j] * lb[j];
-            w[i] = s;
-        }
+        prepare_SUFFIX(R, Ab, cb, lb, inv, w);
         /* F'^T, stored row-major as M[j][i] = F'[i][j] */
         for (int64_t i = 0; i < R * R; ++i) F[i] = 0;
         for (int64_t k = 0; k < K; ++k) {
@@ -245,7 +239,7 @@ _LIB: list = []  # [CDLL] once loaded, [None] once found unavailable
 def _library():
     if not _LIB:
         try:
-            lib, _ = load_kernel("diffmech-pgs-v2", lambda: (_source(), {"kernel": "pgs"}), name="pgs",
+            lib, _ = load_kernel("diffmech-pgs-v3", lambda: (_source(), {"kernel": "pgs"}), name="pgs",
                                  symbols=("pgs_f64", "pgs_f32", "vjp_f64", "vjp_f32"))
         except NativeUnavailable:
             lib = None
