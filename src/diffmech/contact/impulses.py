@@ -33,7 +33,7 @@ from torch import Tensor
 
 from .pgs import PGSResult, implicit_vjp
 
-__all__ = ["Blocks", "minv", "assemble", "velocity_update"]
+__all__ = ["Blocks", "Problem", "minv", "assemble", "velocity_update"]
 
 
 class Blocks(NamedTuple):
@@ -90,6 +90,8 @@ def minv(X: Tensor, blocks: Blocks) -> Tensor:
 
 
 class Problem(NamedTuple):
+    """One step's contact problem (:func:`assemble`), with what its reverse pass reads."""
+
     A: Tensor  # (B, R, R) Delassus operator
     c: Tensor  # (B, R) free constraint velocity minus the normal targets
     W: Tensor  # (B, nv, R) M^-1 J^T

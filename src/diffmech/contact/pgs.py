@@ -29,7 +29,7 @@ from torch import Tensor
 from ..errors import ShapeError
 from .pgs_native import native_sweeps, native_vjp
 
-__all__ = ["PGSResult", "pgs"]
+__all__ = ["PGSResult", "pgs", "implicit_vjp"]
 
 
 class PGSResult(NamedTuple):
