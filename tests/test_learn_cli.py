@@ -153,3 +153,34 @@ def test_ray_backend_needs_ray(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
     with pytest.raises(DiffmechError, match=r"diffmech\[ray\]"):
         sweep(_tiny(), tmp_path, models=("symo",), n_ics=(2,), backend="ray", progress=False)
+
+
+def test_failed_solves_restart_from_the_seed_guess():
+    """The warm start of the next epoch: a converged root is reused, a failed solve's iterate is not
+    (the sample starts from the seed's ``2 q - q_prev`` again instead of staying in a wrong basin)."""
+    from types import SimpleNamespace
+
+    from diffmech.learn.train import _roots, _warm
+
+    x = torch.tensor([[1.0, 2.0], [30.0, -40.0]])
+    roots = _roots(x, torch.tensor([True, False]))
+    b = SimpleNamespace(q=torch.tensor([[0.5, 0.5], [0.25, 0.5]]), q_prev=torch.tensor([[0.0, 0.0], [0.0, 0.25]]))
+    start = _warm(roots, b)
+    assert torch.equal(start[0], x[0])
+    assert torch.equal(start[1], torch.tensor([0.5, 0.75]))
+
+
+def test_e2e_objective_reports_convergence_per_sample():
+    from types import SimpleNamespace
+
+    from diffmech.learn.models import build_model
+
+    torch.manual_seed(0)
+    m = build_model("e2e-symo", [True], 0.1, width=16)
+    q_prev = torch.zeros(4, 1)
+    q = torch.full((4, 1), 0.01)
+    u = torch.zeros(4, 1)
+    b = SimpleNamespace(q_prev=q_prev, q=q, u_prev=u, u=u, u_next=u, q_next=torch.full((4, 1), 0.02))
+    _, info = m.objective(b)
+    assert info["converged"].shape == (4,) and info["converged"].dtype == torch.bool
+    assert int((~info["converged"]).sum()) == info["failures"]

@@ -567,7 +567,7 @@ class E2ESyMo(_DELModel):
                 loss = (xo - bo.q_next).square().mean()
             else:
                 loss = sum((0.0 * p).sum() for p in self.parameters())
-        return loss, {"q": x.detach(), "iterations": st.iterations, "failures": x.shape[0] - n_ok}
+        return loss, {"q": x.detach(), "converged": ok, "iterations": st.iterations, "failures": x.shape[0] - n_ok}
 
 
 def build_model(name: str, angle_mask, h: float, *, width: int = 128, input_matrix=None, inertia: str = "paper",
