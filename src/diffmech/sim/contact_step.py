@@ -23,7 +23,9 @@ speed), so the solver sees only the candidates that matter. The shapes of a mode
 pass, and the spheres and capsules near the ground -- robots' feet -- are tested in one batched pass
 per kind. Every operation is differentiable; the rollout's checkpointed backward recomputes a step
 under autograd from the forward step's contact set and impulses (``replay``: no broad phase, no
-selection, no sweeps, the same result bit for bit) and differentiates through it.
+selection, no sweeps, the same result bit for bit) and differentiates through it -- stage 3 and
+the impulse of stage 4 as one node with a hand-written reverse pass
+(:func:`diffmech.contact.impulses.velocity_update`).
 """
 
 from __future__ import annotations
