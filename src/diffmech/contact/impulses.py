@@ -153,11 +153,12 @@ class _Update(torch.autograd.Function):
         B, R, nv = J.shape
         K = R // 3
         need = ctx.needs_input_grad[3:]
-        g_lam = (J @ minv(g[..., None], blocks))[..., 0]  # W^T g
+        y = minv(g[..., None], blocks)  # M^-1 g
+        g_lam = (J @ y)[..., 0]  # W^T g
         a, d, g_mu = implicit_vjp(lam, A, c, mu, g_lam.reshape(B, K, 3))
         Jt = J.transpose(-1, -2)
         Jta = (Jt @ a[..., None])[..., 0]
-        y = minv((g + Jta)[..., None], blocks)[..., 0]  # M^-1 (g + J^T a)
+        y = (y + W @ a[..., None])[..., 0]  # M^-1 (g + J^T a)
         # the normal targets: c_n = (J v_free)_n - b, b = where(bounce, max(t, -e vn), t), t = -phi / dt * scale
         g_b = -a.reshape(B, K, 3)[..., 0]
         t = -phi / dt * scale
