@@ -75,13 +75,17 @@ def prepare_kernels() -> float:
     """Build (or load from the disk store) the native rigid-body kernels of the laikago's tree, as a
     user does once with :func:`diffmech.dynamics.kernels.prepare`: the scene's mass matrix, bias
     forces, link kinematics (poses and contact Jacobians) and the floating base's position update
-    then run in C (without them, the torch code: several times slower steps). Returns seconds."""
+    then run in C (without them, the torch code: several times slower steps), and the step's whole
+    first stage -- free velocity, Cholesky factor, the toes' gaps and contact rows -- as one kernel
+    (:func:`diffmech.sim.prepare_ground_kernels`). Returns seconds."""
     from diffmech.dynamics import kernels
+    from diffmech.sim import prepare_ground_kernels
 
     t0 = time.perf_counter()
     scene, _, _ = scenes.laikago(1)
     kernels.prepare(scene.models["laikago0"],
                     algorithms=("inverse_dynamics", "mass_matrix", "kinematics", "advance"))
+    prepare_ground_kernels(scene)
     return time.perf_counter() - t0
 
 

@@ -104,7 +104,10 @@ def markdown(rep: dict) -> list[str]:
     lines = [start, f"## Contact rollouts: gradient cost per robot vs batch size{where}", "",
              generated_by("bench_contact_batch.py", rep), "",
              "Native kernels for the robot's mass matrix, bias forces, link kinematics and floating-base update "
-             "(`diffmech.dynamics.kernels.prepare`). "
+             "(`diffmech.dynamics.kernels.prepare`), and the native ground route of the step "
+             "(`diffmech.sim.prepare_ground_kernels`: the step's first stage as one kernel, the contact problem in C), "
+             "which the step takes up to 1024 toes x robots (`diffmech.sim._ground_step.MAX_BALL_STATES`: here up to "
+             "256 robots; 1024 robots run the torch step). "
              "`scenes.laikago` copies in one batch, dt 1e-3, float64, zero commanded torque; gradient of the chassis' "
              "final x + z w.r.t. every torque and the drives' stiffness (checkpointed adjoint). Per robot-step: "
              "forward + backward time / (batch x steps). MuJoCo: `mjd_transitionFD` (one step's derivatives by centred "

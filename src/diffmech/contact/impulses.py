@@ -33,7 +33,7 @@ from torch import Tensor
 
 from .pgs import PGSResult, implicit_vjp
 
-__all__ = ["Blocks", "Problem", "minv", "assemble", "velocity_update"]
+__all__ = ["Blocks", "Problem", "minv", "assemble", "velocity_update", "update_vjp", "solve_and_apply"]
 
 
 class Blocks(NamedTuple):
@@ -123,7 +123,9 @@ def assemble(J: Tensor, v: Tensor, v_free: Tensor, phi: Tensor, e: Tensor, block
     return Problem(A, c, W, vn, bounce, scale)
 
 
-def _solve_and_apply(solve, consts: tuple, J, v, v_free, phi, mu, e, Ls) -> tuple[Tensor, PGSResult, Problem, Tensor]:
+def solve_and_apply(solve, consts: tuple, J, v, v_free, phi, mu, e, Ls) -> tuple[Tensor, PGSResult, Problem, Tensor]:
+    """:func:`assemble`, ``solve`` and the impulse's velocity, as :func:`velocity_update` evaluates them:
+    ``(v+, the solver's result, the problem, W lam)``; ``consts = (dt, baumgarte, bounce_speed, starts)``."""
     dt, baumgarte, bounce_speed, starts = consts
     p = assemble(J, v, v_free, phi, e, Blocks(list(Ls), starts), dt=dt, baumgarte=baumgarte,
                  bounce_speed=bounce_speed)
@@ -136,7 +138,7 @@ def _solve_and_apply(solve, consts: tuple, J, v, v_free, phi, mu, e, Ls) -> tupl
 class _Update(torch.autograd.Function):
     @staticmethod
     def forward(ctx, solve, out: dict, consts: tuple, J, v, v_free, phi, mu, e, *Ls):
-        v1, res, p, u = _solve_and_apply(solve, consts, J, v, v_free, phi, mu, e, Ls)
+        v1, res, p, u = solve_and_apply(solve, consts, J, v, v_free, phi, mu, e, Ls)
         out["result"] = res
         ctx.consts = consts
         # A = J W is formed again in the backward pass rather than kept: (B, 3K, 3K) is the largest
@@ -146,62 +148,69 @@ class _Update(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        J, v, v_free, phi, mu, e, lam, u, c, W, vn, bounce, scale, *Ls = ctx.saved_tensors
-        A = J @ W  # bit for bit the forward's (the same product of the same tensors)
-        dt, _, _, starts = ctx.consts
-        blocks = Blocks(Ls, starts)
-        B, R, nv = J.shape
-        K = R // 3
-        need = ctx.needs_input_grad[3:]
-        y = minv(g[..., None], blocks)  # M^-1 g
-        g_lam = (J @ y)[..., 0]  # W^T g
-        a, d, g_mu = implicit_vjp(lam, A, c, mu, g_lam.reshape(B, K, 3))
-        Jt = J.transpose(-1, -2)
-        Jta = (Jt @ a[..., None])[..., 0]
-        y = (y + W @ a[..., None])[..., 0]  # M^-1 (g + J^T a)
-        # the normal targets: c_n = (J v_free)_n - b, b = where(bounce, max(t, -e vn), t), t = -phi / dt * scale
-        g_b = -a.reshape(B, K, 3)[..., 0]
-        t = -phi / dt * scale
-        x = -e * vn
-        to_x = bounce & (x > t)  # the rebound is the target (at a tie, the gap's: a subgradient)
-        g_t, g_x = torch.where(to_x, 0.0, g_b), torch.where(to_x, g_b, 0.0)
-        g_J = g_v = g_vf = g_phi = g_e = None
-        if need[0]:
-            v1 = v_free + u
-            g_J = a[..., :, None] * v1[:, None, :] + lam.reshape(B, R, 1) * y[:, None, :]
+        grads = update_vjp(ctx.consts, ctx.saved_tensors, g, ctx.needs_input_grad[3:])
+        return (None, None, None, *grads)
+
+
+def update_vjp(consts: tuple, saved: tuple, g: Tensor, need: tuple) -> tuple:
+    """The reverse pass of :func:`velocity_update` for ``g = dL/dv+ (B, nv)``: the cotangents of ``(J, v,
+    v_free, phi, mu, e, *Ls)`` (``None`` where ``need`` is false), from the forward pass's ``consts``
+    and tensors ``(J, v, v_free, phi, mu, e, lam, u, c, W, vn, bounce, scale, *Ls)``."""
+    J, v, v_free, phi, mu, e, lam, u, c, W, vn, bounce, scale, *Ls = saved
+    A = J @ W  # bit for bit the forward's (the same product of the same tensors)
+    dt, _, _, starts = consts
+    blocks = Blocks(Ls, starts)
+    B, R, nv = J.shape
+    K = R // 3
+    y = minv(g[..., None], blocks)  # M^-1 g
+    g_lam = (J @ y)[..., 0]  # W^T g
+    a, d, g_mu = implicit_vjp(lam, A, c, mu, g_lam.reshape(B, K, 3))
+    Jt = J.transpose(-1, -2)
+    Jta = (Jt @ a[..., None])[..., 0]
+    y = (y + W @ a[..., None])[..., 0]  # M^-1 (g + J^T a)
+    # the normal targets: c_n = (J v_free)_n - b, b = where(bounce, max(t, -e vn), t), t = -phi / dt * scale
+    g_b = -a.reshape(B, K, 3)[..., 0]
+    t = -phi / dt * scale
+    x = -e * vn
+    to_x = bounce & (x > t)  # the rebound is the target (at a tie, the gap's: a subgradient)
+    g_t, g_x = torch.where(to_x, 0.0, g_b), torch.where(to_x, g_b, 0.0)
+    g_J = g_v = g_vf = g_phi = g_e = None
+    if need[0]:
+        v1 = v_free + u
+        g_J = a[..., :, None] * v1[:, None, :] + lam.reshape(B, R, 1) * y[:, None, :]
+        if d is not None:
+            g_J = g_J + 2.0 * d[..., :, None] * W.transpose(-1, -2)
+        g_vn = g_x * -e
+        g_J = g_J.reshape(B, K, 3, nv)
+        g_J[:, :, 0] += g_vn[..., None] * v[:, None, :]
+        g_J = g_J.reshape(B, R, nv)
+    if need[1]:
+        g_v = (J.reshape(B, K, 3, nv)[:, :, 0].transpose(-1, -2) @ (g_x * -e)[..., None])[..., 0]
+    if need[2]:
+        g_vf = g + Jta
+    if need[3]:
+        g_phi = g_t * (-scale / dt)
+    if need[4]:
+        g_mu = g_mu if g_mu is not None else torch.zeros_like(mu)
+    else:
+        g_mu = None
+    if need[5]:
+        g_e = g_x * -vn
+    g_Ls = []
+    if any(need[6:]):
+        # dL/dM = -(y u^T + W diag(d) W^T) per block; dL/dL = (dL/dM + its transpose) L
+        ys, us, Ws = _per_group(y[..., None], blocks), _per_group(u[..., None], blocks), _per_group(W, blocks)
+        for Lg, yg, ug, Wg, nd in zip(Ls, ys, us, Ws, need[6:]):
+            if not nd:
+                g_Ls.append(None)
+                continue
+            gM = yg @ ug.transpose(-1, -2)
             if d is not None:
-                g_J = g_J + 2.0 * d[..., :, None] * W.transpose(-1, -2)
-            g_vn = g_x * -e
-            g_J = g_J.reshape(B, K, 3, nv)
-            g_J[:, :, 0] += g_vn[..., None] * v[:, None, :]
-            g_J = g_J.reshape(B, R, nv)
-        if need[1]:
-            g_v = (J.reshape(B, K, 3, nv)[:, :, 0].transpose(-1, -2) @ (g_x * -e)[..., None])[..., 0]
-        if need[2]:
-            g_vf = g + Jta
-        if need[3]:
-            g_phi = g_t * (-scale / dt)
-        if need[4]:
-            g_mu = g_mu if g_mu is not None else torch.zeros_like(mu)
-        else:
-            g_mu = None
-        if need[5]:
-            g_e = g_x * -vn
-        g_Ls = []
-        if any(need[6:]):
-            # dL/dM = -(y u^T + W diag(d) W^T) per block; dL/dL = (dL/dM + its transpose) L
-            ys, us, Ws = _per_group(y[..., None], blocks), _per_group(u[..., None], blocks), _per_group(W, blocks)
-            for Lg, yg, ug, Wg, nd in zip(Ls, ys, us, Ws, need[6:]):
-                if not nd:
-                    g_Ls.append(None)
-                    continue
-                gM = yg @ ug.transpose(-1, -2)
-                if d is not None:
-                    gM = gM + (Wg * d[:, None, None, :]) @ Wg.transpose(-1, -2)
-                g_Ls.append(-(gM + gM.transpose(-1, -2)) @ Lg)
-        else:
-            g_Ls = [None] * len(Ls)
-        return (None, None, None, g_J, g_v, g_vf, g_phi, g_mu, g_e, *g_Ls)
+                gM = gM + (Wg * d[:, None, None, :]) @ Wg.transpose(-1, -2)
+            g_Ls.append(-(gM + gM.transpose(-1, -2)) @ Lg)
+    else:
+        g_Ls = [None] * len(Ls)
+    return (g_J, g_v, g_vf, g_phi, g_mu, g_e, *g_Ls)
 
 
 def velocity_update(J: Tensor, v: Tensor, v_free: Tensor, phi: Tensor, mu: Tensor, e: Tensor, blocks: Blocks,
@@ -219,5 +228,5 @@ def velocity_update(J: Tensor, v: Tensor, v_free: Tensor, phi: Tensor, mu: Tenso
         out: dict = {}
         return _Update.apply(solve, out, consts, *args, *blocks.L), out["result"]
     with torch.no_grad():
-        v1, res, _, _ = _solve_and_apply(solve, consts, *args, blocks.L)
+        v1, res, _, _ = solve_and_apply(solve, consts, *args, blocks.L)
     return v1, res

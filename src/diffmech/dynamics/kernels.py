@@ -34,7 +34,7 @@ from ..errors import OptionError
 from ..model.parameters import ModelTensors
 from ..model.tree import KinematicTree
 from .kernel_store import NativeUnavailable, NotBuilt
-from .lanes import aba_lanes, advance_lanes, crba_lanes, kinematics_lanes, rnea_lanes
+from .lanes import aba_lanes, advance_lanes, crba_lanes, ground_step_lanes, kinematics_lanes, rnea_lanes
 from .native import LaneKernel, lane_kernel, trace_and_emit
 
 __all__ = ["KernelSpec", "get_kernel", "const_shapes", "code_version", "NativeUnavailable", "ALGORITHMS", "prepare",
@@ -53,6 +53,7 @@ _FIELDS_READ = {
     "mass_matrix": _KINEMATIC | _INERTIAL,
     "kinematics": _KINEMATIC | {"link_R", "link_p"},
     "advance": set(),
+    "ground_step": _KINEMATIC | _INERTIAL | {"damping", "stiffness", "rest", "gravity", "link_R", "link_p"},
 }
 _DTYPES = (torch.float64, torch.float32)
 
@@ -83,6 +84,24 @@ def const_shapes(tree: KinematicTree) -> list[tuple[int, ...]]:
     return [shapes[f] for f in FIELDS]
 
 
+def ground_step_algorithm(n_drives: int, links: tuple[int, ...]) -> str:
+    """The algorithm name of :func:`~diffmech.dynamics.lanes.ground_step_lanes` for ``n_drives`` driven
+    joints and balls on ``links`` (a kernel per layout)."""
+    return f"ground_step:{n_drives}:{','.join(str(int(k)) for k in links)}"
+
+
+def _ground_layout(algorithm: str) -> tuple[int, tuple[int, ...]] | None:
+    """``(n_drives, links)`` of a ground-step algorithm name, ``None`` for another algorithm."""
+    if not algorithm.startswith("ground_step:"):
+        return None
+    _, nd, links = algorithm.split(":")
+    return int(nd), tuple(int(k) for k in links.split(",") if k)
+
+
+def _family(algorithm: str) -> str:
+    return algorithm.split(":", 1)[0]
+
+
 @functools.cache
 def code_version() -> str:
     """A digest of the code that turns a tree into C: a kernel stored by another version is not reused."""
@@ -99,6 +118,10 @@ def state_rows(tree: KinematicTree, spec: KernelSpec) -> list[int]:
         return [tree.nq]
     if spec.algorithm == "advance":  # (q, v, dt)
         return [tree.nq, tree.nv, 1]
+    ground = _ground_layout(spec.algorithm)
+    if ground is not None:  # (q, v, tau[, drives], balls, dt)
+        nd, links = ground
+        return [tree.nq, tree.nv, tree.nv] + ([4 * nd] if nd else []) + [4 * len(links), 1]
     return [tree.nq, tree.nv, tree.nv] + ([6 * tree.n_links] if spec.f_ext else [])
 
 
@@ -107,11 +130,24 @@ def out_rows(tree: KinematicTree, spec: KernelSpec) -> int:
         return 16 * tree.n_links + 6 * tree.nv
     if spec.algorithm == "advance":
         return tree.nq + tree.nv
+    ground = _ground_layout(spec.algorithm)
+    if ground is not None:
+        nb = len(ground[1])
+        return tree.nv + tree.nv * tree.nv + nb + 3 * nb * tree.nv
     return tree.nv * tree.nv if spec.algorithm == "mass_matrix" else tree.nv
 
 
 def _lane_program(tree: KinematicTree, spec: KernelSpec):
     n = len(state_rows(tree, spec))
+    ground = _ground_layout(spec.algorithm)
+    if ground is not None:
+        nd, links = ground
+
+        def fn(*args):
+            drive = args[3] if nd else None
+            return ground_step_lanes(tree, ModelTensors(*args[n:]), args[0], args[1], args[2], drive, args[n - 2],
+                                     args[n - 1], links)
+        return fn
     if spec.algorithm == "forward_dynamics":
         def fn(*args):
             f = args[3] if spec.f_ext else None
@@ -211,7 +247,7 @@ class NativeCall:
     def fields_read(self, wanted) -> tuple[int, ...]:
         """Indices of the model-tensor fields flagged in ``wanted`` that this algorithm reads (the
         others have zero cotangents)."""
-        read = _FIELDS_READ[self.algorithm]
+        read = _FIELDS_READ[_family(self.algorithm)]
         extra = {"link_p"} if self.f_ext else set()
         return tuple(i for i, w in enumerate(wanted) if w and (FIELDS[i] in read or FIELDS[i] in extra))
 
@@ -310,7 +346,10 @@ def _torch_vjp(call: NativeCall, state, mt, g, needs) -> list[Tensor | None]:
 
     mtt = ModelTensors(*mt)
     tree = call.tree
-    if call.algorithm == "kinematics":
+    if _ground_layout(call.algorithm) is not None:  # no batch-first torch code: the lane program, eagerly
+        fn = _lane_program(tree, call.spec(state[0].dtype))
+        out = fn(*[x.t() for x in state], *mtt).t()
+    elif call.algorithm == "kinematics":
         from .kinematics import kinematics_flat
 
         out = kinematics_flat(tree, mtt, state[0])

@@ -30,7 +30,8 @@ from torch import Tensor
 from ..model.parameters import ModelTensors
 from ..model.tree import KinematicTree
 
-__all__ = ["rnea_lanes", "aba_lanes", "crba_lanes", "kinematics_lanes", "advance_lanes", "SERIES_BELOW"]
+__all__ = ["rnea_lanes", "aba_lanes", "crba_lanes", "kinematics_lanes", "advance_lanes", "ground_step_lanes",
+           "SERIES_BELOW"]
 
 Vec = list  # 3 lanes
 Mat = list  # 9 lanes, row-major
@@ -286,6 +287,12 @@ def rnea_lanes(model: KinematicTree, mt: ModelTensors, qT: Tensor, vT: Tensor, a
 
     Same result as :func:`~diffmech.dynamics.rnea.rnea_bl`.
     """
+    return _stack(_rnea_values(model, mt, qT, vT, aT, passive, fT), vT[0])
+
+
+def _rnea_values(model: KinematicTree, mt: ModelTensors, qT: Tensor, vT: Tensor, aT: Tensor | None, passive: bool,
+                 fT: Tensor | None = None) -> list:
+    """:func:`rnea_lanes` as a list of ``nv`` lanes."""
     tree = _Tree(model, mt)
     kin = _velocities(tree, qT, vT)
     ext = tree.external(kin, fT) if fT is not None else [None] * model.nb
@@ -333,7 +340,7 @@ def rnea_lanes(model: KinematicTree, mt: ModelTensors, qT: Tensor, vT: Tensor, a
     if passive:
         for d, f in tree.passive(qT, vT):
             tau[d] = tau[d] - f
-    return _stack(tau, vT[0])
+    return tau
 
 
 # ---------------------------------------------------------------- ABA
@@ -479,6 +486,12 @@ def aba_lanes(model: KinematicTree, mt: ModelTensors, qT: Tensor, vT: Tensor, ta
 # ---------------------------------------------------------------- CRBA
 def crba_lanes(model: KinematicTree, mt: ModelTensors, qT: Tensor) -> Tensor:
     """Mass matrix by CRBA: ``qT (nq, B) -> M (nv, nv, B)``."""
+    M = _crba_entries(model, mt, qT)
+    return torch.stack([_stack(row, qT[0]) for row in M])
+
+
+def _crba_entries(model: KinematicTree, mt: ModelTensors, qT: Tensor) -> list[list]:
+    """:func:`crba_lanes` as ``nv`` rows of ``nv`` lanes (exact zeros where no path joins two DoFs)."""
     tree = _Tree(model, mt)
     place = [tree.placement(b, qT) for b in range(model.nb)]
     Ic = [tree.inertia(b) for b in range(model.nb)]
@@ -507,7 +520,7 @@ def crba_lanes(model: KinematicTree, mt: ModelTensors, qT: Tensor) -> Tensor:
                 continue
             e, pe, ae = tree.joint(a)
             M[e][d] = M[d][e] = _dot(ae, fl if pe else fa)
-    return torch.stack([_stack(row, zero) for row in M])
+    return M
 
 
 # ---------------------------------------------------------------- kinematics
@@ -522,17 +535,7 @@ def kinematics_lanes(model: KinematicTree, mt: ModelTensors, qT: Tensor) -> Tens
     tree = _Tree(model, mt)
     zero = torch.zeros_like(qT[0])
     one = zero + 1.0
-    Rw: list[Mat] = []
-    pw: list[Vec] = []
-    for b in range(model.nb):
-        R, p = tree.placement(b, qT)
-        par = tree.parent[b]
-        if par < 0:
-            Rw.append(R)
-            pw.append(p)
-        else:
-            Rw.append(_mat_mul(Rw[par], R))
-            pw.append(_add(pw[par], _mv(Rw[par], p)))
+    Rw, pw = _world_frames(tree, qT)
     out: list[Tensor] = []
     for link, b in enumerate(model.link_body):
         Rl = [mt.link_R[link, r, c] for r in range(3) for c in range(3)]
@@ -542,6 +545,29 @@ def kinematics_lanes(model: KinematicTree, mt: ModelTensors, qT: Tensor) -> Tens
         for r in range(3):
             out.extend([Rl[3 * r], Rl[3 * r + 1], Rl[3 * r + 2], pl[r]])
         out.extend([zero, zero, zero, one])
+    for lin, ang in _world_columns(tree, Rw, pw, zero):
+        out.extend([*lin, *ang])
+    return _stack(out, zero)
+
+
+def _world_frames(tree: _Tree, qT: Tensor) -> tuple[list[Mat], list[Vec]]:
+    """Every body's rotation and origin in the world."""
+    Rw: list[Mat] = []
+    pw: list[Vec] = []
+    for b in range(tree.model.nb):
+        R, p = tree.placement(b, qT)
+        par = tree.parent[b]
+        if par < 0:
+            Rw.append(R)
+            pw.append(p)
+        else:
+            Rw.append(_mat_mul(Rw[par], R))
+            pw.append(_add(pw[par], _mv(Rw[par], p)))
+    return Rw, pw
+
+
+def _world_columns(tree: _Tree, Rw: list[Mat], pw: list[Vec], zero) -> list[tuple[Vec, Vec]]:
+    """Per DoF, its motion subspace column as the spatial velocity at the world origin, world axes."""
     cols: list[tuple[Vec, Vec]] = []
     if tree.nfree:  # the base frame's axes: a linear DoF moves along one, an angular one turns about it
         for i in range(3):
@@ -549,14 +575,12 @@ def kinematics_lanes(model: KinematicTree, mt: ModelTensors, qT: Tensor) -> Tens
         for i in range(3):
             a = _col(Rw[0], i)
             cols.append((_cross(pw[0], a), a))
-    for b in range(tree.nfree, model.nb):
+    for b in range(tree.nfree, tree.model.nb):
         _, prismatic, axis = tree.joint(b)
         a = _mv(Rw[b], axis)
         # a revolute axis through p with direction a moves the world origin with velocity p x a
         cols.append((a, [zero] * 3) if prismatic else (_cross(pw[b], a), a))
-    for lin, ang in cols:
-        out.extend([*lin, *ang])
-    return _stack(out, zero)
+    return cols
 
 
 # ---------------------------------------------------------------- a contact step's position update
@@ -605,3 +629,102 @@ def advance_lanes(model: KinematicTree, mt: ModelTensors, qT: Tensor, vT: Tensor
     out += [qT[7 + j] + dt * vT[6 + j] for j in range(model.nq - 7)]
     out += _mtv(R1, vw) + [vT[3 + i] for i in range(model.nv - 3)]
     return _stack(out, dt)
+
+
+# ---------------------------------------------------------------- a contact step before its solve: balls on the ground
+def _cholesky(M: list[list]) -> list[list]:
+    """Lower Cholesky factor of a symmetric positive definite matrix of lanes (exact zeros kept:
+    the tracer folds the products with them, so a tree's sparsity costs nothing)."""
+    n = len(M)
+    L = [[0.0] * n for _ in range(n)]
+    for j in range(n):
+        s = M[j][j]
+        for k in range(j):
+            s = s - L[j][k] * L[j][k]
+        L[j][j] = torch.sqrt(s)
+        inv = 1.0 / L[j][j]
+        for i in range(j + 1, n):
+            s = M[i][j]
+            for k in range(j):
+                s = s - L[i][k] * L[j][k]
+            L[i][j] = s * inv
+    return L
+
+
+def _cholesky_solve(L: list[list], f: list) -> list:
+    """``(L L^T)^-1 f`` by forward and back substitution."""
+    n = len(L)
+    y = list(f)
+    for i in range(n):
+        for k in range(i):
+            y[i] = y[i] - L[i][k] * y[k]
+        y[i] = y[i] / L[i][i]
+    for i in reversed(range(n)):
+        for k in range(i + 1, n):
+            y[i] = y[i] - L[k][i] * y[k]
+        y[i] = y[i] / L[i][i]
+    return y
+
+
+def ground_step_lanes(model: KinematicTree, mt: ModelTensors, qT: Tensor, vT: Tensor, tauT: Tensor,
+                      driveT: Tensor | None, ballT: Tensor, dtT: Tensor, links: Sequence[int]) -> Tensor:
+    """What a contact step of one robot on the ground needs before its solve, in one program:
+    ``qT (nq, B), vT (nv, B), tauT (nv, B)``, drives ``driveT (4 nd, B)`` (stiffness, damping, target,
+    armature of the last ``nd`` joints; ``None``: none), balls ``ballT (4 nb, B)`` (per ball its centre
+    in its link's frame and its radius, m) on the links ``links`` (indices into the link names), ``dtT
+    (1, B)`` -> rows ``(nv + nv nv + nb + 3 nb nv, B)``:
+
+    * the free velocity ``v + dt M^-1 (tau - h(q, v) + drive forces)``, the drives linearly implicit
+      and the floating base's translation rate in world axes at step ``k`` (the contact step's
+      stage 1, :mod:`diffmech.sim.contact_step`);
+    * the lower Cholesky factor of ``M`` with the drives' ``armature + dt kd + dt^2 kp`` added to
+      their diagonal, row-major;
+    * each ball's gap to the plane ``z = 0``, ``phi = z - r`` (m);
+    * each ball's contact rows (normal ``+z``, tangents ``+y``, ``-x``): the velocity of the contact
+      point ``(x, y, (z - r) / 2)`` -- midway through the penetration -- per unit of each DoF.
+    """
+    tree = _Tree(model, mt)
+    nv, nq = model.nv, model.nq
+    dt = dtT[0]
+    zero = torch.zeros_like(qT[0])
+    M = _crba_entries(model, mt, qT)
+    h = _rnea_values(model, mt, qT, vT, None, True)
+    f = [tauT[i] - h[i] for i in range(nv)]
+    nd = 0 if driveT is None else driveT.shape[0] // 4
+    for j in range(nd):
+        d, kp, kd, ref, arm = nv - nd + j, driveT[j], driveT[nd + j], driveT[2 * nd + j], driveT[3 * nd + j]
+        f[d] = f[d] + (kp * (ref - qT[nq - nd + j]) - (kd + dt * kp) * vT[d])
+        M[d][d] = M[d][d] + (arm + dt * kd + dt * dt * kp)
+    L = _cholesky(M)
+    acc = _cholesky_solve(L, f)
+    if tree.nfree:  # the base's translation rate in world axes at step k (see contact_step._advance)
+        wv = _cross([vT[3], vT[4], vT[5]], [vT[0], vT[1], vT[2]])
+        acc[:3] = _add(acc[:3], wv)
+    out = [vT[i] + dt * acc[i] for i in range(nv)]
+    out += [L[i][j] if j <= i else zero for i in range(nv) for j in range(nv)]
+    Rw, pw = _world_frames(tree, qT)
+    cols = _world_columns(tree, Rw, pw, zero)
+    rows, gaps = [], []
+    for k, link in enumerate(links):
+        o = [ballT[4 * k + i] for i in range(3)]
+        r = ballT[4 * k + 3]
+        Rl = [mt.link_R[link, i, j] for i in range(3) for j in range(3)]
+        c = _add([mt.link_p[link, i] for i in range(3)], _mv(Rl, o))
+        b = model.link_body[link]
+        dofs: list[int] = []
+        if b >= 0:
+            c = _add(pw[b], _mv(Rw[b], c))
+            a = b
+            while a >= 0:  # the DoFs that move the link: its body's and its ancestors'
+                dofs += list(range(6)) if tree.nfree and a == 0 else [tree.joint(a)[0]]
+                a = tree.parent[a]
+        phi = c[2] - r
+        x = [c[0], c[1], 0.5 * phi]
+        gaps.append(phi)
+        nrm, t1, t2 = [zero] * nv, [zero] * nv, [zero] * nv
+        for d in dofs:
+            lin, ang = cols[d]
+            u = _add(lin, _cross(ang, x))
+            nrm[d], t1[d], t2[d] = u[2], u[1], -u[0]
+        rows += nrm + t1 + t2
+    return _stack(out + gaps + rows, dt)

@@ -19,6 +19,7 @@ from ..dynamics import kernels
 from ..dynamics.kernel_store import NativeUnavailable
 from ..dynamics.kernel_store import available as native_available
 from ..errors import OptionError
+from ..sim import prepare_ground_kernels
 from ..sim.contact_step import contact_step
 from .env import DiffEnv
 
@@ -129,6 +130,8 @@ class Ant(DiffEnv):
             try:
                 kernels.prepare(robot, algorithms=("inverse_dynamics", "mass_matrix", "kinematics", "advance"),
                                 dtypes=(dtype,))
+                if kernels._MODE[0] != "never":  # the step's first stage in one kernel (see sim.prepare_ground_kernels)
+                    prepare_ground_kernels(self.scene, dtypes=(dtype,))
             except NativeUnavailable as err:  # no compiler, a failed build: the torch code does the same
                 warnings.warn(f"Ant: native kernels unavailable ({err}); the contact step runs as torch code",
                               RuntimeWarning, stacklevel=2)

@@ -1,6 +1,7 @@
 """Simulation: fixed-step integrators, scenes with frictional contact, and differentiable rollouts with a
 checkpointed adjoint."""
 
+from ._ground_step import prepare_ground_kernels
 from .contact_step import contact_step
 from .integrators import (
     INTEGRATORS,
@@ -17,7 +18,7 @@ from .scene import Scene
 from .stability import stable_dt
 
 __all__ = [
-    "rollout", "Scene", "contact_step",
+    "rollout", "Scene", "contact_step", "prepare_ground_kernels",
     "ADJOINTS", "stable_dt", "INTEGRATORS", "Integrator", "ExplicitEuler", "SemiImplicitEuler",
     "ExplicitMidpoint", "RK4", "VariationalMidpoint", "get_integrator",
 ]

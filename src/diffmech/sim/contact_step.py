@@ -26,6 +26,13 @@ under autograd from the forward step's contact set and impulses (``replay``: no 
 selection, no sweeps, the same result bit for bit) and differentiates through it -- stage 3 and
 the impulse of stage 4 as one node with a hand-written reverse pass
 (:func:`diffmech.contact.impulses.velocity_update`).
+
+A scene of one robot whose shapes are spheres and capsules touching only the ground takes a native
+route once its kernels are built (:func:`diffmech.sim.prepare_ground_kernels`): stages 1 and 2 are
+one kernel call (every ball a candidate: no broad phase), and the step's gradient one node that
+runs that kernel's reverse mode and the contact problem's reverse pass in C
+(:mod:`diffmech.sim._ground_step`, :mod:`diffmech.contact.update_native`). Same contact set, same
+solver, same step to rounding.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import contextlib
 import warnings
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -47,6 +55,8 @@ from ..dynamics.kinematics import advance_floating_base, poses_and_world_jacobia
 from ..errors import ModelError, ShapeError
 from ..model.collision import Shape
 from ..spatial import quat_to_matrix, rpy_to_matrix, skew
+from ._ground_step import coefficients as ground_coefficients
+from ._ground_step import ground_advance, ground_plan, ground_stage, ground_velocity_update, with_graph
 from .scene import GROUND, Scene
 
 __all__ = ["contact_step"]
@@ -369,6 +379,10 @@ def _advance(scene: Scene, qs: dict, vs: dict, dt: float, free: list[str]) -> tu
     a symplectic Euler step of the world-frame translation, which conserves the linear momentum of
     bodies that only push on each other exactly (integrating the base-frame velocity with ``exp``
     would not, by ``O(dt^2 |omega|^2 |v|)`` per step)."""
+    if not free and len(scene.names) == 1:  # one model: no splitting and joining
+        m = scene.models[scene.names[0]]
+        q, v = qs[scene.names[0]], vs[scene.names[0]]
+        return advance_floating_base(m, q, v, dt) if m.floating_base else (m.integrate(q, v, dt), v)
     qo, vo = {}, {}
     if free:  # the same update for all free bodies (see _free_bodies) in one pass
         q, v = torch.stack([qs[n] for n in free], 1), torch.stack([vs[n] for n in free], 1)  # (B, K, .)
@@ -463,6 +477,11 @@ def _replayed(replay: dict) -> tuple[list[int], list[tuple[int, int]], dict]:
 
 def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict | None, warm: dict | None,
           replay: dict | None = None) -> tuple[Tensor, Tensor]:
+    plan = ground_plan(scene, q)
+    if plan is not None:
+        stage = ground_stage(scene, plan, q, v, tau, dt)
+        if stage is not None:
+            return _ground_step(scene, plan, stage, q, v, dt, info, warm, replay)
     B = q.shape[0]
     dtype = q.dtype
     names = scene.names
@@ -561,42 +580,87 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
                           torch.cat([g[0].normal for g in groups], 1))
         _select(scene, pairs, J_all, v_free, dt, kept, rows, phis, mus, es, keys, B, dtype)
     if scene.limits:
-        for n in names:
-            m = scene.models[n]
-            lim = m.joint_limits()
-            lo, hi = lim["lower"], lim["upper"]
-            off = 7 if m.floating_base else 0
-            if lo.numel() != m.nq - off or m.nq - off == 0:
-                continue
-            qj, vj = qs[n][:, off:], vs[n][:, m.nv - lo.numel():]
-            col = scene.vslices[n].start + m.nv - lo.numel()
-            for sign, phi in ((1.0, qj - lo), (-1.0, hi - qj)):
-                if replay is not None:
-                    if (n, sign) not in kept:
-                        continue
-                    idx = torch.tensor(kept[(n, sign)], dtype=torch.long, device=q.device)
-                else:
-                    with torch.no_grad():
-                        keep = (torch.isfinite(phi) & (phi < 2e-3 + 2.0 * dt * vj.abs())).any(0)
-                    if not bool(keep.any()):
-                        continue
-                    idx = keep.nonzero()[:, 0]
-                keys.extend((n, sign, j) for j in idx.tolist())
-                k = len(idx)
-                J = torch.zeros(B, k, 3, scene.nv, dtype=dtype, device=q.device)
-                J[:, torch.arange(k), 0, col + idx] = sign
-                rows.append(J)
-                phis.append(phi[:, idx])
-                mus.append(q.new_zeros(B, k))
-                es.append(q.new_zeros(B, k))
+        _limit_rows(scene, qs, vs, dt, kept, rows, phis, mus, es, keys, B, q)
+    return _finish(scene, qs, v, v_free, vfree, chol, free, rows, phis, mus, es, keys, dt, info, warm, replay)
+
+
+def _limit_rows(scene: Scene, qs: dict, vs: dict, dt: float, kept: dict | None, rows, phis, mus, es, keys, B: int,
+                q: Tensor) -> None:
+    """Append the rows of the joint limits that can be reached within the step (or, replaying, those
+    the step kept: ``kept`` from :func:`_replayed`): a unilateral constraint on the joint's velocity,
+    without friction."""
+    for n in scene.names:
+        m = scene.models[n]
+        lim = m.joint_limits()
+        lo, hi = lim["lower"], lim["upper"]
+        off = 7 if m.floating_base else 0
+        if lo.numel() != m.nq - off or m.nq - off == 0:
+            continue
+        qj, vj = qs[n][:, off:], vs[n][:, m.nv - lo.numel():]
+        cpu = q.is_cpu  # a few numbers: numpy's operations cost a fraction of torch's dispatch
+        if kept is None and cpu:
+            lon, hin = lo.detach().numpy(), hi.detach().numpy()
+            if not (np.isfinite(lon).any() or np.isfinite(hin).any()):
+                continue  # no joint has a limit
+            qn, vn = qj.detach().numpy(), vj.detach().numpy()
+        col = scene.vslices[n].start + m.nv - lo.numel()
+        for sign in (1.0, -1.0):
+            if kept is not None:
+                if (n, sign) not in kept:
+                    continue
+                idx = torch.tensor(kept[(n, sign)], dtype=torch.long, device=q.device)
+            elif cpu:
+                with np.errstate(invalid="ignore"):
+                    gap = qn - lon if sign > 0 else hin - qn
+                    sel = np.flatnonzero((np.isfinite(gap) & (gap < 2e-3 + 2.0 * dt * np.abs(vn))).any(0))
+                if not len(sel):
+                    continue
+                idx = torch.from_numpy(sel).to(q.device)
+            else:
+                with torch.no_grad():
+                    gap = qj - lo if sign > 0 else hi - qj
+                    keep = (torch.isfinite(gap) & (gap < 2e-3 + 2.0 * dt * vj.abs())).any(0)
+                if not bool(keep.any()):
+                    continue
+                idx = keep.nonzero()[:, 0]
+            phi = qj[:, idx] - lo[idx] if sign > 0 else hi[idx] - qj[:, idx]
+            keys.extend((n, sign, j) for j in idx.tolist())
+            k = len(idx)
+            J = torch.zeros(B, k, 3, scene.nv, dtype=q.dtype, device=q.device)
+            J[:, torch.arange(k), 0, col + idx] = sign
+            rows.append(J)
+            phis.append(phi)
+            mus.append(q.new_zeros(B, k))
+            es.append(q.new_zeros(B, k))
+
+
+def _deepest(phi: Tensor) -> float:
+    """The deepest penetration ``max(0, -phi)`` (m) of the gaps ``phi``."""
+    if phi.is_cpu:  # a few numbers: numpy's operations cost a fraction of torch's dispatch
+        return max(float(-phi.detach().numpy().min()), 0.0) + 0.0
+    return float((-phi.detach()).clamp_min(0).amax()) + 0.0
+
+
+def _finish(scene: Scene, qs: dict, v: Tensor, v_free: Tensor, vfree: dict, chol: dict, free: list, rows, phis, mus,
+            es, keys, dt: float, info: dict | None, warm: dict | None, replay: dict | None, update=velocity_update,
+            advance=None) -> tuple[Tensor, Tensor]:
+    """Solve the contact problem of the rows gathered and advance the positions (``update``: the PGS
+    solver's velocity update, :func:`~diffmech.contact.impulses.velocity_update` or a stand-in with
+    its signature; ``advance(qs, vs)``: a stand-in for :func:`_advance` that may return ``None``)."""
+    names = scene.names
+
+    def advance_(vs: dict) -> tuple[Tensor, Tensor]:
+        got = None if advance is None else advance(qs, vs)
+        return got if got is not None else _advance(scene, qs, vs, dt, free)
+
+    B = v.shape[0]
     if not rows:
         if info is not None:
             info.update(candidates=0, iterations=0, residual=0.0, penetration=0.0, fallbacks=0, lam={})
-        return _advance(scene, qs, vfree, dt, free)
+        return advance_(vfree)
 
-    Jc = torch.cat(rows, 1)  # (B, K, 3, nv)
+    Jc, phi, mu, e = (x[0] if len(x) == 1 else torch.cat(x, 1) for x in (rows, phis, mus, es))  # (B, K, 3, nv), (B, K)
     K = Jc.shape[1]
-    phi, mu, e = torch.cat(phis, 1), torch.cat(mus, 1), torch.cat(es, 1)
     J = Jc.reshape(B, 3 * K, scene.nv)
     # the mass matrix's blocks: the free bodies' stacked (one batched solve), each other model's own
     Ls = ([torch.stack([chol[n] for n in free], 1)] if free else []) + [chol[n][:, None] for n in names
@@ -638,11 +702,53 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
             def solve(A, c, mu_):
                 return pgs(A, c, mu_, iterations=scene.iterations, tol=scene.tol, lam0=lam0)
         # assembly, solve and impulses with a hand-written reverse pass (see diffmech.contact.impulses)
-        v1, res = velocity_update(J, v, v_free, phi, mu, e, blocks, solve, **rules)
-    q1, v1 = _advance(scene, qs, scene.split(v1, "v"), dt, free)
+        v1, res = update(J, v, v_free, phi, mu, e, blocks, solve, **rules)
+    q1, v1 = advance_(scene.split(v1, "v"))
     if info is not None:
         lam = res.lam.detach()
         info.update(candidates=K, iterations=res.iterations, residual=res.residual, fallbacks=fallbacks,
-                    penetration=float((-phi.detach()).clamp_min(0).amax()) + 0.0,
+                    penetration=_deepest(phi),
                     lam={k: lam[:, i] for i, k in enumerate(keys)})
     return q1, v1
+
+
+def _ground_step(scene: Scene, plan, stage: tuple, q: Tensor, v: Tensor, dt: float, info: dict | None,
+                 warm: dict | None, replay: dict | None) -> tuple[Tensor, Tensor]:
+    """:func:`_step` of one robot on the ground from the native first stage (:mod:`._ground_step`):
+    every ball is a candidate (no broad phase: the kernel has placed them all), kept as the torch
+    step keeps them; the rest of the step is the same code."""
+    v_free, L, phi_all, rows_all = stage[:4]
+    B = q.shape[0]
+    n = plan.name
+    qs, vs = scene.split(q, "q"), scene.split(v, "v")
+    kept = None
+    if replay is not None:
+        _, _, kept = _replayed(replay)
+        balls = [plan.index[k] for k in replay if not isinstance(k[0], str) and k[1] == -1]
+    else:  # a mask only: each contact point's speed, |rows v_free| (rows orthonormal); numpy: see _limit_rows
+        speed = np.linalg.norm(np.einsum("bkjn,bn->bkj", rows_all.detach().numpy(), v_free.detach().numpy()), axis=-1)
+        with np.errstate(invalid="ignore"):
+            balls = np.flatnonzero((phi_all.detach().numpy() < 2e-3 + 2.0 * dt * speed).any(0)).tolist()
+    rows, phis, mus, es, keys = [], [], [], [], []
+    sel = None
+    if balls:
+        key = tuple(balls)
+        sel = plan.sel.get(key)
+        if sel is None:
+            sel = plan.sel[key] = torch.tensor(balls, dtype=torch.long, device=q.device)
+        rows.append(rows_all[:, sel])
+        phis.append(phi_all[:, sel])
+        mu, e = ground_coefficients(scene, plan, sel, balls, B, q)
+        mus.append(mu)
+        es.append(e)
+        keys.extend(plan.keys[b] for b in balls)
+    if scene.limits:
+        _limit_rows(scene, qs, vs, dt, kept, rows, phis, mus, es, keys, B, q)
+    update = velocity_update
+    if stage.by_hand and sel is not None:  # the stage has no graph: one node differentiates it with the update
+        update = ground_velocity_update(stage, plan, sel)
+    elif stage.by_hand:  # no ball touches: the stage's own node
+        stage = with_graph(scene, plan, stage)
+        v_free, L = stage.v_free, stage.L
+    return _finish(scene, qs, v, v_free, {n: v_free}, {n: L}, [], rows, phis, mus, es, keys, dt, info, warm, replay,
+                   update, lambda qs_, vs_: ground_advance(scene, plan, qs_[n], vs_[n], dt))
