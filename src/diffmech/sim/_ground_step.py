@@ -30,7 +30,7 @@ from ..spatial import rpy_to_matrix
 from .scene import GROUND, Scene
 
 __all__ = ["GroundPlan", "Stage", "ground_plan", "ground_stage", "ground_advance", "ground_velocity_update",
-           "with_graph", "prepare_ground_kernels"]
+           "with_graph", "has_limits", "prepare_ground_kernels"]
 
 _KINDS = ("sphere", "capsule")
 # Up to this many balls x environments per call. The kernel places every ball and forms its rows in one
@@ -56,6 +56,9 @@ class GroundPlan:
         self.coef_sel: dict = {}  # tuple of balls -> (2, k) of coef_const
         self.sel: dict = {}  # tuple of balls -> their index tensor
         self.advance: kernels.NativeCall | None = None  # a floating base's position update
+        self.dt_col: dict = {}  # (B, dt) -> a (B, 1) column of dt
+        self.mt: tuple = (None, False)  # the robot's model tensors last seen, and whether one requires grad
+        self.limits: tuple = (None, True)  # the limit tensors (and versions) last seen, and whether one is finite
 
 
 def _eligible(scene: Scene) -> bool:
@@ -165,11 +168,41 @@ def ground_advance(scene: Scene, plan: GroundPlan, q: Tensor, v: Tensor, dt: flo
     m = scene.models[plan.name]
     mt, C = m.model_tensors_flat(q.dtype)
     plan.advance.build = plan.call.build
+    state = [q, v, _dt_column(plan, q, dt)]
     try:
-        out = kernels.call_native_with(plan.advance, [q, v, q.new_full((q.shape[0], 1), dt)], mt, C)
+        if torch.is_grad_enabled() and (q.requires_grad or v.requires_grad or _requires_grad(plan, mt)):
+            out = kernels.call_native_with(plan.advance, state, mt, C)
+        else:
+            out = plan.advance.value(state, C)
     except NativeUnavailable:
         return None
     return out[:, :m.nq], out[:, m.nq:]
+
+
+def _dt_column(plan: GroundPlan, q: Tensor, dt: float) -> Tensor:
+    key = (q.shape[0], dt, q.dtype)
+    col = plan.dt_col.get(key)
+    if col is None:
+        if len(plan.dt_col) > 16:
+            plan.dt_col.clear()
+        col = plan.dt_col[key] = q.new_full((q.shape[0], 1), dt)
+    return col
+
+
+def _requires_grad(plan: GroundPlan, mt) -> bool:
+    """Whether one of the robot's model tensors requires grad (remembered while they are the same
+    tensors: the robot derives new ones when its parameters change)."""
+    if plan.mt[0] is not mt:
+        plan.mt = (mt, any(t.requires_grad for t in mt))
+    return plan.mt[1]
+
+
+def has_limits(plan: GroundPlan, lo: Tensor, hi: Tensor) -> bool:
+    """Whether a joint of the robot has a finite position limit (remembered per limit tensors and versions)."""
+    seen = plan.limits[0]
+    if seen is None or seen[0] is not lo or seen[1] != lo._version or seen[2] is not hi or seen[3] != hi._version:
+        plan.limits = ((lo, lo._version, hi, hi._version), bool(torch.isfinite(lo).any() or torch.isfinite(hi).any()))
+    return plan.limits[1]
 
 
 def ground_stage(scene: Scene, plan: GroundPlan, q: Tensor, v: Tensor, tau: Tensor, dt: float) -> Stage | None:
@@ -187,10 +220,10 @@ def ground_stage(scene: Scene, plan: GroundPlan, q: Tensor, v: Tensor, tau: Tens
     if plan.n_drives:
         state.append(torch.cat(scene.drives[plan.name]).to(dtype).expand(B, -1))
     balls = plan.balls if plan.balls is not None and not scene.shape_sizes else _balls(scene, plan, dtype)
-    state += [balls.expand(B, -1), q.new_full((B, 1), dt)]
+    state += [balls.expand(B, -1), _dt_column(plan, q, dt)]
     mt, C = m.model_tensors_flat(dtype)
     nv, nb = m.nv, len(plan.links)
-    if not any(t.requires_grad for t in mt):
+    if not _requires_grad(plan, mt):
         state = [kernels._prep(x, dtype) if not x.requires_grad else x for x in state]
         return Stage(*_split(plan.call.value(state, C), nv, nb), state, C, True)
     try:

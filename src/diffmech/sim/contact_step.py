@@ -56,7 +56,7 @@ from ..errors import ModelError, ShapeError
 from ..model.collision import Shape
 from ..spatial import quat_to_matrix, rpy_to_matrix, skew
 from ._ground_step import coefficients as ground_coefficients
-from ._ground_step import ground_advance, ground_plan, ground_stage, ground_velocity_update, with_graph
+from ._ground_step import ground_advance, ground_plan, ground_stage, ground_velocity_update, has_limits, with_graph
 from .scene import GROUND, Scene
 
 __all__ = ["contact_step"]
@@ -708,7 +708,7 @@ def _finish(scene: Scene, qs: dict, v: Tensor, v_free: Tensor, vfree: dict, chol
         lam = res.lam.detach()
         info.update(candidates=K, iterations=res.iterations, residual=res.residual, fallbacks=fallbacks,
                     penetration=_deepest(phi),
-                    lam={k: lam[:, i] for i, k in enumerate(keys)})
+                    lam=dict(zip(keys, lam.unbind(1))))
     return q1, v1
 
 
@@ -720,7 +720,7 @@ def _ground_step(scene: Scene, plan, stage: tuple, q: Tensor, v: Tensor, dt: flo
     v_free, L, phi_all, rows_all = stage[:4]
     B = q.shape[0]
     n = plan.name
-    qs, vs = scene.split(q, "q"), scene.split(v, "v")
+    qs, vs = {n: q}, {n: v}  # the scene's one model
     kept = None
     if replay is not None:
         _, _, kept = _replayed(replay)
@@ -742,7 +742,8 @@ def _ground_step(scene: Scene, plan, stage: tuple, q: Tensor, v: Tensor, dt: flo
         mus.append(mu)
         es.append(e)
         keys.extend(plan.keys[b] for b in balls)
-    if scene.limits:
+    lim = scene.models[n].joint_limits()
+    if scene.limits and has_limits(plan, lim["lower"], lim["upper"]):
         _limit_rows(scene, qs, vs, dt, kept, rows, phis, mus, es, keys, B, q)
     update = velocity_update
     if stage.by_hand and sel is not None:  # the stage has no graph: one node differentiates it with the update
