@@ -141,6 +141,20 @@ def _count_backwards(monkeypatch) -> list:
     return calls
 
 
+def _spy_stages(monkeypatch) -> list:
+    """A list that grows by one per native stage of a step: whether it came with its own graph."""
+    seen: list = []
+    real = gs.ground_stage
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        seen.append(out is not None and not out.by_hand)
+        return out
+
+    monkeypatch.setattr(cs, "ground_stage", spy)
+    return seen
+
+
 def _loss(qs, vs):
     return (qs[:, -1, 0] + 2 * qs[:, -1, 2] + qs[:, -1, 7]).sum() + (vs[:, -1, 0] ** 2).sum()
 
@@ -277,3 +291,28 @@ def test_native_step_float32():
     with kernels.native_mode("auto"):
         qs64, _ = rollout(scene64, q, v, tau.double(), 2e-3)
     assert float((qs32.double() - qs64).abs().max()) < 1e-4
+
+
+@native
+def test_native_step_gradient_wrt_a_link_mass(monkeypatch):
+    """A learnable link mass: the stage then keeps its own node (the kernel's reverse mode with the
+    inertial parameters' cotangents, ``prepare_ground_kernels(parameters=True)``)."""
+    T, dt = 80, 2e-3
+    got = {}
+    for fused in (False, True):
+        scene = _scene()
+        robot = scene.models["hopper"]
+        robot.make_link_param_learnable("left", "mass")
+        assert prepare_ground_kernels(scene, parameters=True)
+        q, v = _start(scene)
+        tau = torch.zeros(2, T, scene.nv, dtype=F64)
+        stages = _spy_stages(monkeypatch)
+        _run(scene, q, v, tau, dt, fused, _loss, monkeypatch=monkeypatch)
+        monkeypatch.undo()
+        # the forward pass runs without a graph (the robot's tensors then need none), each step's replay
+        # in the backward pass with the stage's own node
+        assert (len(stages), sum(stages)) == ((2 * T, T) if fused else (0, 0))
+        (p,) = [t for name, t in robot.learnable_parameters().items() if "left" in name]
+        got[fused] = p.grad.clone()
+    assert float(got[False].abs().max()) > 0
+    torch.testing.assert_close(got[True], got[False], rtol=1e-9, atol=1e-12)
