@@ -316,3 +316,22 @@ def test_native_step_gradient_wrt_a_link_mass(monkeypatch):
         got[fused] = p.grad.clone()
     assert float(got[False].abs().max()) > 0
     torch.testing.assert_close(got[True], got[False], rtol=1e-9, atol=1e-12)
+
+
+@native
+def test_a_scene_that_ran_the_native_step_still_copies_and_saves():
+    import copy
+    import io
+
+    scene = _scene()
+    assert prepare_ground_kernels(scene)
+    q, v = _start(scene)
+    tau = torch.zeros(2, scene.nv, dtype=F64)
+    with kernels.native_mode("auto"):
+        want = diffmech.sim.contact_step(scene, q, v, tau, 2e-3)
+        assert gs._PLANS.get(scene)  # the route was planned (beside the scene, not in it)
+        twin = copy.deepcopy(scene)
+        torch.save(scene, io.BytesIO())
+        got = diffmech.sim.contact_step(twin, q, v, tau, 2e-3)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -15,6 +15,7 @@ by :func:`prepare_ground_kernels`), else the torch code runs; both give the same
 
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -33,6 +34,9 @@ __all__ = ["GroundPlan", "Stage", "ground_plan", "ground_stage", "ground_advance
            "with_graph", "has_limits", "prepare_ground_kernels"]
 
 _KINDS = ("sphere", "capsule")
+# scene -> {dtype: plan}; beside the scene, not in it: a plan holds native libraries, which neither
+# deepcopy nor torch.save can copy
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # Up to this many balls x environments per call. The kernel places every ball and forms its rows in one
 # thread; the torch step forms the rows of the kept candidates only, in batched operations on all
 # threads. Measured (2 cores, Ant steps per second, this route / the torch step, without and with
@@ -121,7 +125,9 @@ def ground_plan(scene: Scene, x: Tensor) -> GroundPlan | None:
     if mode == "never" or not x.is_cpu or x.dtype not in (torch.float64, torch.float32) \
             or torch._C._are_functorch_transforms_active():
         return None
-    plans = scene.__dict__.setdefault("_ground_plans", {})
+    plans = _PLANS.get(scene)
+    if plans is None:
+        plans = _PLANS[scene] = {}
     if x.dtype not in plans:
         plans[x.dtype] = _plan(scene, x.dtype)
     plan = plans[x.dtype]
