@@ -346,6 +346,8 @@ def coefficients(scene: Scene, plan: GroundPlan, sel: Tensor, balls: list[int], 
         key = tuple(balls)
         c = plan.coef_sel.get(key)
         if c is None:
+            if len(plan.coef_sel) >= 1024:  # as GroundPlan.sel
+                plan.coef_sel.clear()
             c = plan.coef_sel[key] = plan.coef_const[:, sel]
         return c[0].expand(B, -1), c[1].expand(B, -1)
     out = []

@@ -735,6 +735,8 @@ def _ground_step(scene: Scene, plan, stage: tuple, q: Tensor, v: Tensor, dt: flo
         key = tuple(balls)
         sel = plan.sel.get(key)
         if sel is None:
+            if len(plan.sel) >= 1024:  # contact sets seen: a robot with many balls meets many (bounded memory)
+                plan.sel.clear()
             sel = plan.sel[key] = torch.tensor(balls, dtype=torch.long, device=q.device)
         rows.append(rows_all[:, sel])
         phis.append(phi_all[:, sel])
