@@ -24,6 +24,7 @@ from torch import Tensor
 
 from ..dynamics._jacobian import JACOBIAN_MAX_BATCH, one_thread
 from ..errors import ShapeError, SimulationError
+from ._ground_rollout import ground_stepper
 from .contact_step import contact_step
 from .scene import Scene
 
@@ -59,10 +60,14 @@ class _Checkpointed(torch.autograd.Function):
         # the solver's warm start of step k (k a checkpoint), for the bit-for-bit recomputation
         warm: dict[int, dict] = {0: {}}
         prev: dict = {}
+        # one robot on the ground, a torque sequence: the steps and their reverse on the native kernels
+        # directly, without autograd (diffmech.sim._ground_rollout); else contact_step and its replay
+        stepper = ground_stepper(scene, q0, dt, tau is None)
+        step = contact_step if stepper is None else stepper.step
         with torch.no_grad():
             for k in range(T):
                 info: dict = {}
-                q, v = contact_step(scene, q, v, ctrl(k, q, v, tau), dt, info, warm=prev)
+                q, v = step(scene, q, v, ctrl(k, q, v, tau), dt, info, warm=prev)
                 prev = info["lam"]
                 if ((k + 1) % K == 0 and k + 1 < T) or k + 1 == T:  # the last: the final step's own impulses
                     warm[k + 1] = prev
@@ -85,6 +90,7 @@ class _Checkpointed(torch.autograd.Function):
             stats["saved_state_bytes"] = (Qc.numel() + Vc.numel()) * Qc.element_size() + sum(
                 t.numel() * t.element_size() for w in warm.values() for t in w.values())
         ctx.scene, ctx.ctrl, ctx.dt, ctx.T, ctx.K, ctx.warm, ctx.stats = scene, ctrl, dt, T, K, warm, stats
+        ctx.stepper, ctx.step = stepper, step
         ctx.has_tau = tau is not None
         ctx.save_for_backward(Qc, Vc, tau if tau is not None else torch.empty(0), *params)
         return Qs, Vs
@@ -97,6 +103,8 @@ class _Checkpointed(torch.autograd.Function):
         gtau = torch.zeros_like(tau) if ctx.has_tau and ctx.needs_input_grad[8] else None
         gp = [torch.zeros_like(p) for p in params]
         seg_bytes = 0
+        if ctx.stepper is not None:
+            ctx.stepper.reset()
         with one_thread() if Qc.shape[0] <= JACOBIAN_MAX_BATCH else contextlib.nullcontext():
             for s in range((T - 1) // K * K, -1, -K):
                 e = min(s + K, T)
@@ -107,6 +115,10 @@ class _Checkpointed(torch.autograd.Function):
                 # each step's own impulses: the next step's warm start, the last one's kept at the checkpoint
                 seg = [(k, q, v, w, nxt) for (k, q, v, w), nxt in zip(seg, [x[3] for x in seg[1:]] + [ctx.warm[e]])]
                 aq, av = _reverse(ctx, gQ, gV, seg, tau, params, aq, av, gtau, gp)
+        if ctx.stepper is not None:  # the scene's tensors: their cotangents summed over the steps, pulled back once
+            for i, g in enumerate(ctx.stepper.parameter_grads(params)):
+                if g is not None:
+                    gp[i] = gp[i] + g
         if ctx.stats is not None:
             ctx.stats["backward_segment_bytes"] = seg_bytes
         return (None, None, None, None, None, None, aq, av, gtau, *gp)
@@ -120,7 +132,7 @@ def _segment(ctx, q: Tensor, v: Tensor, tau: Tensor, s: int, e: int) -> list[tup
     with torch.no_grad():
         for k in range(s, e - 1):
             info: dict = {}
-            q, v = contact_step(ctx.scene, q, v, ctx.ctrl(k, q, v, tau), ctx.dt, info, warm=out[-1][3])
+            q, v = ctx.step(ctx.scene, q, v, ctx.ctrl(k, q, v, tau), ctx.dt, info, warm=out[-1][3])
             out.append((k + 1, q, v, info["lam"]))
     return out
 
@@ -130,6 +142,14 @@ def _reverse(ctx, gQ, gV, seg, tau, params, aq, av, gtau, gp):
     returns the adjoint at the segment's first state and accumulates into ``gtau`` and ``gp``."""
     scene, ctrl, dt = ctx.scene, ctx.ctrl, ctx.dt
     for k, qk, vk, warm, lam in reversed(seg):
+        if ctx.stepper is not None:
+            gq, gv, gt = ctx.stepper.vjp(qk, vk, tau[:, k], lam, aq, av)
+            if not bool(torch.isfinite(gq).all() and torch.isfinite(gv).all() and torch.isfinite(gt).all()):
+                raise SimulationError(f"scene rollout backward: non-finite gradient at step {k}")
+            aq, av = gQ[:, k] + gq, gV[:, k] + gv
+            if gtau is not None:
+                gtau[:, k] = gt
+            continue
         with torch.enable_grad():
             q = qk.detach().requires_grad_()
             v = vk.detach().requires_grad_()

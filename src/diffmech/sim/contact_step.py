@@ -712,6 +712,9 @@ def _finish(scene: Scene, qs: dict, v: Tensor, v_free: Tensor, vfree: dict, chol
     return q1, v1
 
 
+_NO_BALLS = torch.zeros(0, dtype=torch.long)
+
+
 def _ground_step(scene: Scene, plan, stage: tuple, q: Tensor, v: Tensor, dt: float, info: dict | None,
                  warm: dict | None, replay: dict | None) -> tuple[Tensor, Tensor]:
     """:func:`_step` of one robot on the ground from the native first stage (:mod:`._ground_step`):
@@ -748,9 +751,9 @@ def _ground_step(scene: Scene, plan, stage: tuple, q: Tensor, v: Tensor, dt: flo
     if scene.limits and has_limits(plan, lim["lower"], lim["upper"]):
         _limit_rows(scene, qs, vs, dt, kept, rows, phis, mus, es, keys, B, q)
     update = velocity_update
-    if stage.by_hand and sel is not None:  # the stage has no graph: one node differentiates it with the update
-        update = ground_velocity_update(stage, plan, sel)
-    elif stage.by_hand:  # no ball touches: the stage's own node
+    if stage.by_hand and rows:  # the stage has no graph: one node differentiates it with the update
+        update = ground_velocity_update(stage, plan, sel if sel is not None else _NO_BALLS)
+    elif stage.by_hand:  # no row: the stage's own node
         stage = with_graph(scene, plan, stage)
         v_free, L = stage.v_free, stage.L
     return _finish(scene, qs, v, v_free, {n: v_free}, {n: L}, [], rows, phis, mus, es, keys, dt, info, warm, replay,

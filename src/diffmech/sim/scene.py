@@ -295,4 +295,8 @@ class Scene(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"models={self.names}, nq={self.nq}, nv={self.nv}, ground={self.ground}, "
-                f"friction={float(self.friction):g}, restitution={float(self.restitution):g}")
+                f"friction={_number(self.friction):g}, restitution={_number(self.restitution):g}")
+
+
+def _number(x) -> float:
+    return float(x.detach()) if isinstance(x, Tensor) else float(x)

@@ -1,0 +1,348 @@
+"""A checkpointed rollout's steps, and their reverse, for one robot on the ground, without autograd.
+
+The native route of :mod:`._ground_step` computes a step's numbers in a handful of kernel calls, but
+a step still costs some eighty torch operations of glue and, in the backward pass, a replay under
+autograd whose graph is then walked by autograd's engine: with one robot that dispatch, not the
+arithmetic, was most of a step's gradient. Here the same step is written directly on the kernels'
+buffers -- the stage kernel, the contact selection on NumPy views, the contact problem's C assembly
+and PGS sweeps, the position update's kernel -- and its vector-Jacobian product by hand from their
+reverse modes: the position update's kernel, the contact problem's reverse pass
+(:func:`~diffmech.contact.update_native.backward_native`) and the stage kernel's reverse mode. The
+cotangents of the scene's drive gains, shape sizes and contact coefficients are summed over the
+steps and pulled back to the user's tensors once, at the end of the backward pass.
+
+Same operations as :func:`~diffmech.sim.contact_step` on that route, in the same order: the same
+trajectory bit for bit, and the same gradient to rounding (``tests/test_contact_ground_rollout.py``).
+Used by the checkpointed adjoint of :func:`~diffmech.sim.rollout` for torque sequences (not policies)
+where the route applies and no robot parameter requires grad; otherwise the step runs as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..contact import pgs_native, update_native
+from ..contact.pgs import implicit_vjp
+from ..dynamics import kernels
+from ..dynamics.kernel_store import NativeUnavailable
+from ..dynamics.kinematics import advance_floating_base
+from ..dynamics.lanes import SERIES_BELOW
+from ._ground_step import GroundPlan, _balls, _requires_grad, coefficients, ground_plan
+from .scene import Scene
+
+__all__ = ["GroundStepper", "ground_stepper"]
+
+CHECK_EVERY = 4  # the PGS convergence test's period, as contact_step's solver call uses it
+
+
+class Contacts(NamedTuple):
+    """What a step kept: the warm start of the next step and the replay of its reverse."""
+
+    balls: np.ndarray  # (kb,) the plan's balls kept, in order
+    limits: tuple  # ((sign, joints (k,) int64 array), ...) the joint-limit rows kept
+    slots: np.ndarray  # (K,) each row block's slot: ball b -> b, lower limit j -> nb + j, upper -> nb + nl + j
+    lam: Tensor  # (B, K, 3) impulses
+
+    def values(self):  # the tensors a rollout keeps (its saved-bytes stat)
+        return (self.lam,)
+
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+class GroundStepper:
+    """The steps of one rollout of ``scene`` (one robot on the ground, :func:`ground_stepper`): ``B``
+    environments, ``dtype``, time step ``dt`` (s). :meth:`step` is the forward step,
+    :meth:`vjp` its reverse; :meth:`parameter_grads` the cotangents of the scene's tensors."""
+
+    def __init__(self, scene: Scene, plan: GroundPlan, B: int, dtype: torch.dtype, dt: float):
+        n = plan.name
+        m = scene.models[n]
+        self.scene, self.plan, self.B, self.dtype, self.dt = scene, plan, B, dtype, float(dt)
+        self.nq, self.nv, self.nb = m.nq, m.nv, len(plan.links)
+        nv, nb = self.nv, self.nb
+        self.o_L, self.o_phi, self.o_rows = nv, nv + nv * nv, nv + nv * nv + nb
+        self.stage = plan.call.kernel(dtype)
+        self.stage_vjp = plan.call.kernel(dtype, True, ())
+        _, self.C = m.model_tensors_flat(dtype)
+        self.C = self.C.detach()
+        with torch.no_grad():
+            consts = []
+            if plan.n_drives:
+                consts.append(torch.cat(scene.drives[n]).to(dtype).expand(B, -1).contiguous())
+            balls = plan.balls if plan.balls is not None and not scene.shape_sizes else _balls(scene, plan, dtype)
+            consts += [balls.detach().to(dtype).expand(B, -1).contiguous(),
+                       torch.full((B, 1), self.dt, dtype=dtype)]
+        self.consts = consts
+        self.dt_col = consts[-1]
+        coef = coefficients(scene, plan, torch.arange(nb), list(range(nb)), 1, self.C)
+        self.coef = np.stack([c.detach().to(dtype).reshape(-1).numpy() for c in coef])  # (2, nb)
+        self.np_dtype = self.coef.dtype
+        # the joint limits (floating-base joints have none)
+        lim = m.joint_limits()
+        lo, hi = lim["lower"], lim["upper"]
+        off = 7 if m.floating_base else 0
+        self.off, self.col = off, nv - lo.numel()
+        self.lo, self.hi = lo.detach(), hi.detach()
+        self.lon, self.hin = self.lo.numpy(), self.hi.numpy()
+        self.nl = lo.numel()
+        self.limits = (scene.limits and self.nl == m.nq - off and self.nl > 0
+                       and bool(np.isfinite(self.lon).any() or np.isfinite(self.hin).any()))
+        # the position update: its kernel and reverse mode where built, else the torch function
+        self.advance = self.advance_vjp = None
+        if plan.advance is not None:
+            try:
+                self.advance = plan.advance.kernel(dtype)
+                self.advance_vjp = plan.advance.kernel(dtype, True, ())
+            except NativeUnavailable:
+                self.advance = self.advance_vjp = None
+        self.floating = m.floating_base
+        self.model = m
+        s = "f64" if dtype == torch.float64 else "f32"
+        self.iterations, self.tol = scene.iterations, scene.tol
+        self.baumgarte, self.bounce_speed = scene.baumgarte, scene.bounce_speed
+        self._s = s
+        self.reset()
+
+    def reset(self) -> None:
+        """Zero the summed cotangents of the scene's tensors (a new backward pass)."""
+        width = sum(x.shape[1] for x in self.consts)
+        self.g_consts = torch.zeros(width, dtype=torch.float64)
+        self.g_mu = np.zeros(self.nb)
+        self.g_e = np.zeros(self.nb)
+
+    # ------------------------------------------------------------ the step
+    def _stage(self, q: Tensor, v: Tensor, tau: Tensor) -> tuple[list, Tensor]:
+        state = [kernels._prep(x, self.dtype) for x in (q, v, tau)] + self.consts
+        return state, self.stage(state, self.C)
+
+    def _select(self, out: Tensor, q: Tensor, v: Tensor) -> tuple[np.ndarray, tuple]:
+        """The balls and joint limits that can be reached within the step (as contact_step keeps them)."""
+        o = out.numpy()
+        B, nv, nb, dt = self.B, self.nv, self.nb, self.dt
+        rows = o[:, self.o_rows:].reshape(B, nb, 3, nv)
+        speed = np.linalg.norm(np.einsum("bkjn,bn->bkj", rows, o[:, :nv]), axis=-1)
+        with np.errstate(invalid="ignore"):
+            balls = np.flatnonzero((o[:, self.o_phi:self.o_rows] < 2e-3 + 2.0 * dt * speed).any(0))
+        limits = []
+        if self.limits:
+            qn, vn = q.numpy()[:, self.off:], v.numpy()[:, self.col:]
+            for sign in (1.0, -1.0):
+                with np.errstate(invalid="ignore"):
+                    gap = qn - self.lon if sign > 0 else self.hin - qn
+                    sel = np.flatnonzero((np.isfinite(gap) & (gap < 2e-3 + 2.0 * dt * np.abs(vn))).any(0))
+                if len(sel):
+                    limits.append((sign, sel))
+        return balls, tuple(limits)
+
+    def _problem(self, out: Tensor, q: Tensor, balls: np.ndarray, limits: tuple
+                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``J (B, 3K, nv)``, ``phi``, ``mu``, ``e`` ``(B, K)`` of the rows kept."""
+        B, nv, nb = self.B, self.nv, self.nb
+        o = out.numpy()
+        kb = len(balls)
+        K = kb + sum(len(j) for _, j in limits)
+        J = np.zeros((B, 3 * K, nv), dtype=self.np_dtype)
+        phi = np.empty((B, K), dtype=self.np_dtype)
+        mu = np.zeros((B, K), dtype=self.np_dtype)
+        e = np.zeros((B, K), dtype=self.np_dtype)
+        if kb:
+            J[:, :3 * kb] = o[:, self.o_rows:].reshape(B, nb, 3, nv)[:, balls].reshape(B, 3 * kb, nv)
+            phi[:, :kb] = o[:, self.o_phi:self.o_rows][:, balls]
+            mu[:, :kb] = self.coef[0, balls]
+            e[:, :kb] = self.coef[1, balls]
+        r = kb
+        qj = q[:, self.off:]
+        for sign, idx in limits:
+            k = len(idx)
+            J[:, 3 * (r + np.arange(k)), self.col + idx] = sign
+            ix = torch.from_numpy(idx)
+            phi[:, r:r + k] = (qj[:, ix] - self.lo[ix] if sign > 0 else self.hi[ix] - qj[:, ix]).numpy()
+            r += k
+        return torch.from_numpy(J), torch.from_numpy(phi), torch.from_numpy(mu), torch.from_numpy(e)
+
+    def _slots(self, balls: np.ndarray, limits: tuple) -> np.ndarray:
+        parts = [balls] + [self.nb + (0 if sign > 0 else self.nl) + idx for sign, idx in limits]
+        return np.concatenate(parts) if len(parts) > 1 else balls
+
+    def _advance(self, q: Tensor, v1: Tensor) -> tuple[Tensor, Tensor]:
+        if self._kernel_advance(v1):
+            out = self.advance([q, kernels._prep(v1, self.dtype), self.dt_col], self.C)
+            return out[:, :self.nq], out[:, self.nq:]
+        return self._torch_advance(q, v1)
+
+    def _kernel_advance(self, v1: Tensor) -> bool:
+        if self.advance is None:
+            return False
+        w = v1[:, 3:6].numpy()
+        return bool(w.shape[0]) and float((w * w).sum(-1).max()) * self.dt * self.dt < SERIES_BELOW
+
+    def _torch_advance(self, q: Tensor, v1: Tensor) -> tuple[Tensor, Tensor]:
+        m = self.model
+        return advance_floating_base(m, q, v1, self.dt) if self.floating else (m.integrate(q, v1, self.dt), v1)
+
+    def step(self, scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict,
+             warm: Contacts | dict | None = None) -> tuple[Tensor, Tensor]:
+        """One step, no graph; :func:`~diffmech.sim.contact_step`'s signature (``info`` filled as it
+        fills it, ``info["lam"]`` a :class:`Contacts`: this step's warm start for the next)."""
+        B, nv = self.B, self.nv
+        q, v = kernels._prep(q, self.dtype), kernels._prep(v, self.dtype)
+        _, out = self._stage(q, v, tau)
+        balls, limits = self._select(out, q, v)
+        v_free = out[:, :nv]
+        slots = self._slots(balls, limits)
+        K = len(slots)
+        if not K:
+            info.update(candidates=0, iterations=0, residual=0.0, penetration=0.0, fallbacks=0,
+                        lam=Contacts(_EMPTY, (), _EMPTY, out.new_zeros(B, 0, 3)))
+            return self._advance(q, v_free)
+        J, phi, mu, e = self._problem(out, q, balls, limits)
+        L = out[:, self.o_L:self.o_phi].view(B, nv, nv)
+        A, c, W, _, _, _ = update_native.assemble_native(J, L, v, v_free, phi, e, self.dt, self.baumgarte,
+                                                         self.bounce_speed)
+        lam0 = None
+        if isinstance(warm, Contacts) and len(warm.slots):
+            full = np.zeros((B, self.nb + 2 * self.nl, 3), dtype=self.np_dtype)
+            full[:, warm.slots] = warm.lam.numpy()
+            lam0 = torch.from_numpy(full[:, slots])
+        lam, it, res = pgs_native.native_sweeps(A, c, mu, self.iterations, self.tol, CHECK_EVERY, lam0)
+        u = (W @ lam.reshape(B, 3 * K, 1))[..., 0]
+        q1, v1 = self._advance(q, v_free + u)
+        p = phi.numpy()
+        info.update(candidates=K, iterations=it, residual=res, fallbacks=0,
+                    penetration=max(float(-p.min()), 0.0) + 0.0, lam=Contacts(balls, limits, slots, lam))
+        return q1, v1
+
+    # ------------------------------------------------------------ its reverse
+    def vjp(self, q: Tensor, v: Tensor, tau: Tensor, kept: Contacts, aq: Tensor, av: Tensor
+            ) -> tuple[Tensor, Tensor, Tensor]:
+        """The cotangents ``(g_q, g_v, g_tau)`` of the step from ``(q, v)`` under ``tau`` whose contacts
+        and impulses were ``kept``, for the cotangents ``aq, av`` of its next state; the scene's
+        tensors' cotangents are summed into this stepper (:meth:`parameter_grads`)."""
+        B, nv, nb = self.B, self.nv, self.nb
+        q, v = kernels._prep(q, self.dtype), kernels._prep(v, self.dtype)
+        state, out = self._stage(q, v, tau)
+        v_free = out[:, :nv]
+        balls, limits = kept.balls, kept.limits
+        K = len(kept.slots)
+        if K:
+            J, phi, mu, e = self._problem(out, q, balls, limits)
+            L = out[:, self.o_L:self.o_phi].view(B, nv, nv)
+            A, c, W, vn, bounce, scale = update_native.assemble_native(J, L, v, v_free, phi, e, self.dt,
+                                                                       self.baumgarte, self.bounce_speed)
+            lam = kept.lam
+            u = (W @ lam.reshape(B, 3 * K, 1))[..., 0]
+            v1 = v_free + u
+        else:
+            v1 = v_free
+        g_q_adv, g_v1 = self._advance_vjp(q, v1, aq, av)
+        g_out = out.new_zeros(out.shape)
+        go = g_out.numpy()
+        g_q_lim = None
+        g_v = None
+        if K:
+            g_J, g_v, g_vf, g_phi, g_mu, g_e, g_L = update_native.backward_native(
+                g_v1, J, v, v_free, phi, mu, e, lam, u, c, W, vn, bounce, scale, L, self.dt, implicit_vjp)
+            go[:, :nv] = g_vf.numpy()
+            go[:, self.o_L:self.o_phi] = g_L.reshape(B, -1).numpy()
+            kb = len(balls)
+            if kb:
+                gp = g_phi.numpy()
+                go[:, self.o_phi + balls] = gp[:, :kb]
+                go[:, self.o_rows:].reshape(B, nb, 3 * nv)[:, balls] = g_J.numpy()[:, :3 * kb].reshape(B, kb, 3 * nv)
+                if g_mu is not None:
+                    self.g_mu[balls] += g_mu.numpy()[:, :kb].sum(0)
+                self.g_e[balls] += g_e.numpy()[:, :kb].sum(0)
+                r = kb
+            else:
+                r = 0
+            if limits:
+                g_q_lim = np.zeros((B, self.nq), dtype=self.np_dtype)
+                gp = g_phi.numpy()
+                for sign, idx in limits:
+                    k = len(idx)
+                    # phi = q_j - lower (sign +1) or upper - q_j (sign -1)
+                    np.add.at(g_q_lim, (slice(None), self.off + idx), sign * gp[:, r:r + k])
+                    r += k
+        else:
+            go[:, :nv] = g_v1.numpy()
+        g_state = self.stage_vjp(state + [g_out], C=self.C)
+        nq = self.nq
+        g_q = g_state[:, :nq] + g_q_adv
+        if g_q_lim is not None:
+            g_q = g_q + torch.from_numpy(g_q_lim)
+        g_vv = g_state[:, nq:nq + nv]
+        if g_v is not None:
+            g_vv = g_vv + g_v
+        g_tau = g_state[:, nq + nv:nq + 2 * nv]
+        self.g_consts += g_state[:, nq + 2 * nv:].sum(0, dtype=torch.float64)
+        return g_q, g_vv, g_tau
+
+    def _advance_vjp(self, q: Tensor, v1: Tensor, aq: Tensor, av: Tensor) -> tuple[Tensor, Tensor]:
+        if self._kernel_advance(v1):
+            g = torch.cat([aq, av], 1).to(self.dtype)
+            got = self.advance_vjp([q, kernels._prep(v1, self.dtype), self.dt_col, g], self.C)
+            return got[:, :self.nq], got[:, self.nq:self.nq + self.nv]
+        with torch.enable_grad():
+            qd, vd = q.detach().requires_grad_(), v1.detach().requires_grad_()
+            q1, v1o = self._torch_advance(qd, vd)
+            g_q, g_v = torch.autograd.grad((q1, v1o), (qd, vd), (aq, av), allow_unused=True)
+        return (torch.zeros_like(q) if g_q is None else g_q), (torch.zeros_like(v1) if g_v is None else g_v)
+
+    def parameter_grads(self, params: Sequence[Tensor]) -> list[Tensor | None]:
+        """The cotangents of ``params`` from those of the scene's drive gains, shape sizes and contact
+        coefficients summed over the steps reversed since :meth:`reset` (one autograd call)."""
+        with torch.enable_grad():  # called in a backward pass: the scene's small graphs are built again here
+            return self._parameter_grads(params)
+
+    def _parameter_grads(self, params: Sequence[Tensor]) -> list[Tensor | None]:
+        scene, plan, dtype, nb = self.scene, self.plan, self.dtype, self.nb
+        outs, grads = [], []
+        off = 0
+        if plan.n_drives:
+            drv = torch.cat(scene.drives[plan.name]).to(dtype)
+            w = drv.shape[0]
+            if drv.requires_grad:
+                outs.append(drv)
+                grads.append(self.g_consts[off:off + w].to(dtype))
+            off += w
+        if scene.shape_sizes:
+            balls = _balls(scene, plan, dtype)[0]
+            if balls.requires_grad:
+                outs.append(balls)
+                grads.append(self.g_consts[off:off + 4 * nb].to(dtype))
+        coef = coefficients(scene, plan, torch.arange(nb), list(range(nb)), 1, self.C)
+        for c, g in zip(coef, (self.g_mu, self.g_e)):
+            if c.requires_grad:
+                outs.append(c.reshape(-1))
+                grads.append(torch.from_numpy(g).to(c.dtype))
+        wanted = [p for p in params if p.requires_grad]
+        if not outs or not wanted:
+            return [None] * len(params)
+        got = iter(torch.autograd.grad(outs, wanted, grads, allow_unused=True))
+        return [next(got) if p.requires_grad else None for p in params]
+
+
+def ground_stepper(scene: Scene, q0: Tensor, dt: float, policy: bool) -> GroundStepper | None:
+    """A :class:`GroundStepper` for a rollout of ``scene`` from ``q0 (B, nq)``, or ``None`` where the
+    rollout keeps :func:`~diffmech.sim.contact_step`: a policy (its graph is autograd's), a scene the
+    native route does not serve (:func:`~diffmech.sim._ground_step.ground_plan`), a robot parameter
+    or a joint limit that requires grad, the contact problem's C kernels unavailable."""
+    if policy or not isinstance(scene, Scene):
+        return None
+    plan = ground_plan(scene, q0)
+    if plan is None:
+        return None
+    m = scene.models[plan.name]
+    mt, _ = m.model_tensors_flat(q0.dtype)
+    lim = m.joint_limits()
+    if _requires_grad(plan, mt) or lim["lower"].requires_grad or lim["upper"].requires_grad:
+        return None
+    if not update_native.available(q0) or not pgs_native.enabled() or pgs_native._library() is None:
+        return None
+    return GroundStepper(scene, plan, q0.shape[0], q0.dtype, dt)
