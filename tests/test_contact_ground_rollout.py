@@ -24,6 +24,15 @@ F64 = torch.float64
 pytestmark = pytest.mark.skipif(not available(), reason="no C compiler")
 
 
+@pytest.fixture(params=["driver", "python"])
+def driver(request, monkeypatch):
+    """The stepper's two implementations: its C driver (``diffmech.sim._ground_driver``), and the Python
+    on the kernels' buffers that stands in where the driver hands a step back."""
+    if request.param == "python":
+        monkeypatch.setattr(gr.GroundStepper, "_driver", lambda self: None)
+    return request.param
+
+
 def _loss(qs, vs):
     return (qs[:, -1, 0] + 2 * qs[:, -1, 2] + qs[:, -1, 7]).sum() + (vs[:, -1, 0] ** 2).sum() + vs[:, 5, 7].sum()
 
@@ -70,7 +79,7 @@ def _rollout(route: str, T: int, dt: float, *, checkpoint_every: int = 1, q=None
     return qs.detach(), vs.detach(), grads, sets, stats
 
 
-def test_stepper_equals_contact_step_and_the_torch_code():
+def test_stepper_equals_contact_step_and_the_torch_code(driver):
     T, dt = 150, 2e-3
     qa, va, ga, sets, sa = _rollout("stepper", T, dt)
     qb, vb, gb, _, sb = _rollout("native", T, dt)
@@ -98,7 +107,7 @@ def test_stepper_segments_equal_dense_checkpoints():
         assert torch.equal(ga[name], gb[name]), name
 
 
-def test_stepper_large_rotation_takes_the_torch_position_update():
+def test_stepper_large_rotation_takes_the_torch_position_update(driver):
     """A base turning more than a radian in a step: the position update's series does not apply, the
     torch function (and its autograd) stand in, in both routes."""
     q, v = start_state(make_scene(), B=1)
@@ -111,7 +120,7 @@ def test_stepper_large_rotation_takes_the_torch_position_update():
         torch.testing.assert_close(ga[name], gb[name], rtol=1e-10, atol=1e-12)
 
 
-def test_stepper_gradient_against_finite_differences():
+def test_stepper_gradient_against_finite_differences(driver):
     """Feet resting on the ground (a fixed contact set): the gradient w.r.t. torques, the initial state and
     the drives' stiffness against central differences."""
     scene = make_scene()
@@ -152,7 +161,7 @@ def test_stepper_gradient_against_finite_differences():
                 torch.testing.assert_close(x.grad[idx], fd, rtol=1e-4, atol=1e-8, msg=(name, idx))
 
 
-def test_stepper_float32():
+def test_stepper_float32(driver):
     T, dt = 100, 2e-3
     q, v = start_state(make_scene())
     qa, _, ga, _, _ = _rollout("stepper", T, dt, q=q, v=v, dtype=torch.float32)
@@ -174,3 +183,30 @@ def test_stepper_only_where_it_applies():
             assert gr.ground_stepper(scene, q, 1e-3, False) is None
         scene.models["hopper"].make_link_param_learnable("left", "mass")
         assert gr.ground_stepper(scene, q, 1e-3, False) is None  # a robot parameter: contact_step's node
+
+
+def test_driver_steps_handed_back_to_the_python():
+    """The driver hands a step's reverse back (a rank-deficient contact problem, here every third step by
+    hand): the Python computes it, and the gradient is the driver's."""
+    T, dt = 80, 2e-3
+    _, _, want, _, _ = _rollout("stepper", T, dt)
+    calls = []
+    real = gr.GroundStepper._driver
+
+    def handing_back(self):
+        fns = real(self)
+        if fns is None:
+            return None
+
+        def backward(*args):
+            calls.append(1)
+            return 2 if len(calls) % 3 == 0 else fns[1](*args)
+
+        return fns[0], backward
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gr.GroundStepper, "_driver", handing_back)
+        _, _, got, _, _ = _rollout("stepper", T, dt)
+    assert len(calls) == T
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-12, atol=1e-15)

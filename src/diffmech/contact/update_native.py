@@ -22,7 +22,7 @@ from torch import Tensor
 from ..dynamics import kernels
 from ..dynamics.kernel_store import NativeUnavailable, load_kernel
 
-__all__ = ["available", "assemble_native", "backward_native"]
+__all__ = ["available", "assemble_native", "apply_native", "backward_native"]
 
 _TEMPLATE = r"""
 #include <stdint.h>
@@ -87,6 +87,18 @@ void assemble_SUFFIX(int64_t B, int64_t nv, int64_t K, const REAL *J, const REAL
         }
     }
     free(x);
+}
+
+/* u = W lam, v1 = v_free + u */
+void apply_SUFFIX(int64_t B, int64_t nv, int64_t R, const REAL *W, const REAL *lam, const REAL *vf, REAL *u,
+                  REAL *v1) {
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < nv; ++i) {
+            REAL s = 0;
+            for (int64_t r = 0; r < R; ++r) s += W[(b * nv + i) * R + r] * lam[b * R + r];
+            u[b * nv + i] = s;
+            v1[b * nv + i] = vf[b * nv + i] + s;
+        }
 }
 
 /* y = M^-1 g, g_lam = J y, A = J W */
@@ -189,9 +201,9 @@ _LIB: list = []
 def _library():
     if not _LIB:
         try:
-            lib, _ = load_kernel("diffmech-contact-update-v1", lambda: (_source(), {"kernel": "contact update"}),
+            lib, _ = load_kernel("diffmech-contact-update-v2", lambda: (_source(), {"kernel": "contact update"}),
                                  name="contact update",
-                                 symbols=tuple(f"{n}_{s}" for n in ("assemble", "backward1", "backward2")
+                                 symbols=tuple(f"{n}_{s}" for n in ("assemble", "apply", "backward1", "backward2")
                                                for s in ("f64", "f32")))
         except NativeUnavailable:
             lib = None
@@ -200,6 +212,8 @@ def _library():
             for s in ("f64", "f32"):
                 f = getattr(lib, f"assemble_{s}")
                 f.restype, f.argtypes = None, [i64] * 3 + [ptr] * 6 + [dbl] * 3 + [ptr] * 6
+                f = getattr(lib, f"apply_{s}")
+                f.restype, f.argtypes = None, [i64] * 3 + [ptr] * 5
                 f = getattr(lib, f"backward1_{s}")
                 f.restype, f.argtypes = None, [i64] * 3 + [ptr] * 7
                 f = getattr(lib, f"backward2_{s}")
@@ -234,6 +248,18 @@ def assemble_native(J: Tensor, L: Tensor, v: Tensor, v_free: Tensor, phi: Tensor
     fn(B, nv, K, *[x.data_ptr() for x in ins], float(dt), float(baumgarte), float(bounce_speed),
        *[x.data_ptr() for x in (A, c, W, vn, bounce, scale)])
     return A, c, W, vn, bounce.bool(), scale
+
+
+def apply_native(W: Tensor, lam: Tensor, v_free: Tensor) -> tuple[Tensor, Tensor]:
+    """``u = W lam`` and ``v+ = v_free + u`` (``W (B, nv, 3K)``, ``lam (B, K, 3)``, ``v_free (B, nv)``), no graph:
+    the impulses' velocity change, computed by every route of a step the same way (bit for bit)."""
+    B, nv, R = W.shape
+    dtype = W.dtype
+    W_, lam_, vf_ = _c(W, dtype), _c(lam, dtype), _c(v_free, dtype)
+    u, v1 = W.new_empty(B, nv), W.new_empty(B, nv)
+    getattr(_library(), "apply_f64" if dtype == torch.float64 else "apply_f32")(
+        B, nv, R, W_.data_ptr(), lam_.data_ptr(), vf_.data_ptr(), u.data_ptr(), v1.data_ptr())
+    return u, v1
 
 
 def backward_native(g: Tensor, J: Tensor, v: Tensor, v_free: Tensor, phi: Tensor, mu: Tensor, e: Tensor,

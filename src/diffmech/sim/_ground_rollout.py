@@ -3,22 +3,28 @@
 The native route of :mod:`._ground_step` computes a step's numbers in a handful of kernel calls, but
 a step still costs some eighty torch operations of glue and, in the backward pass, a replay under
 autograd whose graph is then walked by autograd's engine: with one robot that dispatch, not the
-arithmetic, was most of a step's gradient. Here the same step is written directly on the kernels'
-buffers -- the stage kernel, the contact selection on NumPy views, the contact problem's C assembly
-and PGS sweeps, the position update's kernel -- and its vector-Jacobian product by hand from their
-reverse modes: the position update's kernel, the contact problem's reverse pass
-(:func:`~diffmech.contact.update_native.backward_native`) and the stage kernel's reverse mode. The
-cotangents of the scene's drive gains, shape sizes and contact coefficients are summed over the
-steps and pulled back to the user's tensors once, at the end of the backward pass.
+arithmetic, was most of a step's gradient. Here a step is one call of a C driver
+(:mod:`._ground_driver`) that runs the same kernels -- the stage kernel, the contact selection, the
+contact problem's assembly and PGS sweeps, the impulses' velocity change, the position update -- and
+its vector-Jacobian product another, from their reverse modes: the position update's kernel, the
+contact problem's reverse pass (:func:`~diffmech.contact.update_native.backward_native`'s kernels and
+the sweeps' implicit pull-back) and the stage kernel's reverse mode. The cotangents of the scene's
+drive gains, shape sizes and contact coefficients are summed over the steps and pulled back to the
+user's tensors once, at the end of the backward pass. The same step written in Python on the
+kernels' buffers (:meth:`GroundStepper.step`, :meth:`GroundStepper.vjp`) runs where the driver hands
+a step back (a base turning a radian or more in one step; a rank-deficient contact problem in the
+reverse pass) or cannot be built.
 
-Same operations as :func:`~diffmech.sim.contact_step` on that route, in the same order: the same
-trajectory bit for bit, and the same gradient to rounding (``tests/test_contact_ground_rollout.py``).
-Used by the checkpointed adjoint of :func:`~diffmech.sim.rollout` for torque sequences (not policies)
-where the route applies and no robot parameter requires grad; otherwise the step runs as before.
+Same operations as :func:`~diffmech.sim.contact_step` on that route: the same trajectory bit for bit
+(the contact selection's sums aside, which decide a mask only), the same gradient to rounding
+(``tests/test_contact_ground_rollout.py``). Used by the checkpointed adjoint of
+:func:`~diffmech.sim.rollout` for torque sequences (not policies) where the route applies and no
+robot parameter requires grad; otherwise the steps run as before.
 """
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -32,6 +38,7 @@ from ..dynamics import kernels
 from ..dynamics.kernel_store import NativeUnavailable
 from ..dynamics.kinematics import advance_floating_base
 from ..dynamics.lanes import SERIES_BELOW
+from . import _ground_driver as _driver
 from ._ground_step import GroundPlan, _balls, _requires_grad, coefficients, ground_plan
 from .scene import Scene
 
@@ -43,9 +50,7 @@ CHECK_EVERY = 4  # the PGS convergence test's period, as contact_step's solver c
 class Contacts(NamedTuple):
     """What a step kept: the warm start of the next step and the replay of its reverse."""
 
-    balls: np.ndarray  # (kb,) the plan's balls kept, in order
-    limits: tuple  # ((sign, joints (k,) int64 array), ...) the joint-limit rows kept
-    slots: np.ndarray  # (K,) each row block's slot: ball b -> b, lower limit j -> nb + j, upper -> nb + nl + j
+    slots: np.ndarray  # (K,) int64, each row block's slot: ball b -> b, lower limit j -> nb + j, upper -> nb + nl + j
     lam: Tensor  # (B, K, 3) impulses
 
     def values(self):  # the tensors a rollout keeps (its saved-bytes stat)
@@ -88,7 +93,7 @@ class GroundStepper:
         lo, hi = lim["lower"], lim["upper"]
         off = 7 if m.floating_base else 0
         self.off, self.col = off, nv - lo.numel()
-        self.lo, self.hi = lo.detach(), hi.detach()
+        self.lo, self.hi = lo.detach().to(dtype).contiguous(), hi.detach().to(dtype).contiguous()
         self.lon, self.hin = self.lo.numpy(), self.hi.numpy()
         self.nl = lo.numel()
         self.limits = (scene.limits and self.nl == m.nq - off and self.nl > 0
@@ -107,7 +112,50 @@ class GroundStepper:
         self.iterations, self.tol = scene.iterations, scene.tol
         self.baumgarte, self.bounce_speed = scene.baumgarte, scene.bounce_speed
         self._s = s
+        self.n_slots = nb + 2 * self.nl
         self.reset()
+        self.driver = self._driver()
+
+    def _driver(self):
+        """The C driver's forward and backward functions and this rollout's :class:`~._ground_driver.Ground`,
+        or ``None`` (no driver library, or a kernel the step needs is not built: the Python runs)."""
+        lib = _driver.library()
+        if lib is None or self.advance is None and self.floating:
+            return None
+        from ..contact.pgs_native import _library as pgs_library
+        from ..contact.update_native import _library as update_library
+
+        up, pg, s = update_library(), pgs_library(), self._s
+        g = _driver.Ground()
+        for name, val in (("B", self.B), ("nq", self.nq), ("nv", self.nv), ("nb", self.nb), ("nl", self.nl),
+                          ("off", self.off), ("col", self.col),
+                          ("nd", self.consts[0].shape[1] if self.plan.n_drives else 0),
+                          ("limits", int(self.limits)), ("iterations", self.iterations),
+                          ("check_every", CHECK_EVERY), ("advance", int(self.advance is not None))):
+            setattr(g, name, int(val))
+        for name, val in (("dt", self.dt), ("baumgarte", self.baumgarte), ("bounce_speed", self.bounce_speed),
+                          ("tol", self.tol), ("series", SERIES_BELOW)):
+            setattr(g, name, float(val))
+        # the kernels' compiled functions (LaneKernel._fn, read here rather than given a public accessor:
+        # a change to native.py's text invalidates every stored kernel, see kernels.code_version)
+        adv = _driver.address(self.advance._fn) if self.advance is not None else None
+        adv_vjp = _driver.address(self.advance_vjp._fn) if self.advance_vjp is not None else None
+        g.stage, g.stage_vjp = _driver.address(self.stage._fn), _driver.address(self.stage_vjp._fn)
+        g.adv, g.adv_vjp = adv, adv_vjp
+        for name, lib_, sym in (("assemble", up, "assemble"), ("apply", up, "apply"), ("pgs", pg, "pgs"),
+                                ("back1", up, "backward1"), ("vjp", pg, "vjp"), ("back2", up, "backward2")):
+            setattr(g, name, _driver.address(getattr(lib_, f"{sym}_{s}")))
+        self._coef_t = torch.from_numpy(np.ascontiguousarray(self.coef))
+        self._keep = [self.C, self._coef_t, self.lo, self.hi, *self.consts]  # what g points into
+        g.C, g.coef, g.lo, g.hi = (x.data_ptr() for x in (self.C, self._coef_t, self.lo, self.hi))
+        g.drives = self.consts[0].data_ptr() if self.plan.n_drives else None
+        g.balls, g.dtcol = self.consts[-2].data_ptr(), self.consts[-1].data_ptr()
+        self.ground = g
+        self.ground_ref = ctypes.byref(g)
+        self._slot_buf = np.zeros(max(self.n_slots, 1), dtype=np.int64)
+        self._info_i = np.zeros(2, dtype=np.int64)
+        self._info_d = np.zeros(2, dtype=np.float64)
+        return getattr(lib, f"forward_{s}"), getattr(lib, f"backward_{s}")
 
     def reset(self) -> None:
         """Zero the summed cotangents of the scene's tensors (a new backward pass)."""
@@ -168,7 +216,13 @@ class GroundStepper:
 
     def _slots(self, balls: np.ndarray, limits: tuple) -> np.ndarray:
         parts = [balls] + [self.nb + (0 if sign > 0 else self.nl) + idx for sign, idx in limits]
-        return np.concatenate(parts) if len(parts) > 1 else balls
+        return (np.concatenate(parts) if len(parts) > 1 else balls).astype(np.int64)
+
+    def _rows(self, slots: np.ndarray) -> tuple[np.ndarray, tuple]:
+        """The balls and joint limits of ``slots`` (:meth:`_slots`'s inverse)."""
+        nb, nl = self.nb, self.nl
+        lower, upper = slots[(slots >= nb) & (slots < nb + nl)] - nb, slots[slots >= nb + nl] - nb - nl
+        return slots[slots < nb], tuple((sign, j) for sign, j in ((1.0, lower), (-1.0, upper)) if len(j))
 
     def _advance(self, q: Tensor, v1: Tensor) -> tuple[Tensor, Tensor]:
         if self._kernel_advance(v1):
@@ -192,6 +246,8 @@ class GroundStepper:
         fills it, ``info["lam"]`` a :class:`Contacts`: this step's warm start for the next)."""
         B, nv = self.B, self.nv
         q, v = kernels._prep(q, self.dtype), kernels._prep(v, self.dtype)
+        if self.driver is not None:
+            return self._driver_step(q, v, kernels._prep(tau, self.dtype), info, warm)
         _, out = self._stage(q, v, tau)
         balls, limits = self._select(out, q, v)
         v_free = out[:, :nv]
@@ -199,7 +255,7 @@ class GroundStepper:
         K = len(slots)
         if not K:
             info.update(candidates=0, iterations=0, residual=0.0, penetration=0.0, fallbacks=0,
-                        lam=Contacts(_EMPTY, (), _EMPTY, out.new_zeros(B, 0, 3)))
+                        lam=Contacts(_EMPTY, out.new_zeros(B, 0, 3)))
             return self._advance(q, v_free)
         J, phi, mu, e = self._problem(out, q, balls, limits)
         L = out[:, self.o_L:self.o_phi].view(B, nv, nv)
@@ -211,12 +267,34 @@ class GroundStepper:
             full[:, warm.slots] = warm.lam.numpy()
             lam0 = torch.from_numpy(full[:, slots])
         lam, it, res = pgs_native.native_sweeps(A, c, mu, self.iterations, self.tol, CHECK_EVERY, lam0)
-        u = (W @ lam.reshape(B, 3 * K, 1))[..., 0]
-        q1, v1 = self._advance(q, v_free + u)
+        _, v1 = update_native.apply_native(W, lam, v_free)
+        q1, v1 = self._advance(q, v1)
         p = phi.numpy()
         info.update(candidates=K, iterations=it, residual=res, fallbacks=0,
-                    penetration=max(float(-p.min()), 0.0) + 0.0, lam=Contacts(balls, limits, slots, lam))
+                    penetration=max(float(-p.min()), 0.0) + 0.0, lam=Contacts(slots, lam))
         return q1, v1
+
+    def _driver_step(self, q: Tensor, v: Tensor, tau: Tensor, info: dict, warm) -> tuple[Tensor, Tensor]:
+        """:meth:`step` by the C driver (:mod:`._ground_driver`)."""
+        B, nq, nv = self.B, self.nq, self.nv
+        out = q.new_empty(B, nq + nv)
+        v1 = q.new_empty(B, nv)
+        lam = q.new_empty(B * 3 * self.n_slots)
+        slots = self._slot_buf
+        prev = warm if isinstance(warm, Contacts) and len(warm.slots) else None
+        status = self.driver[0](self.ground_ref, q.data_ptr(), v.data_ptr(), tau.data_ptr(),
+                                0 if prev is None else len(prev.slots),
+                                None if prev is None else prev.slots.ctypes.data,
+                                None if prev is None else prev.lam.data_ptr(), out.data_ptr(), v1.data_ptr(),
+                                slots.ctypes.data, lam.data_ptr(), self._info_i.ctypes.data,
+                                self._info_d.ctypes.data)
+        K, it = int(self._info_i[0]), int(self._info_i[1])
+        info.update(candidates=K, iterations=it, residual=float(self._info_d[0]), fallbacks=0,
+                    penetration=float(self._info_d[1]) + 0.0,
+                    lam=Contacts(slots[:K].copy(), lam[:B * 3 * K].view(B, K, 3).clone()))
+        if status == _driver.TORCH_ADVANCE:
+            return self._torch_advance(q, v1)
+        return out[:, :nq], out[:, nq:]
 
     # ------------------------------------------------------------ its reverse
     def vjp(self, q: Tensor, v: Tensor, tau: Tensor, kept: Contacts, aq: Tensor, av: Tensor
@@ -226,9 +304,13 @@ class GroundStepper:
         tensors' cotangents are summed into this stepper (:meth:`parameter_grads`)."""
         B, nv, nb = self.B, self.nv, self.nb
         q, v = kernels._prep(q, self.dtype), kernels._prep(v, self.dtype)
+        if self.driver is not None:
+            got = self._driver_vjp(q, v, kernels._prep(tau, self.dtype), kept, aq, av)
+            if got is not None:
+                return got
         state, out = self._stage(q, v, tau)
         v_free = out[:, :nv]
-        balls, limits = kept.balls, kept.limits
+        balls, limits = self._rows(kept.slots)
         K = len(kept.slots)
         if K:
             J, phi, mu, e = self._problem(out, q, balls, limits)
@@ -236,8 +318,7 @@ class GroundStepper:
             A, c, W, vn, bounce, scale = update_native.assemble_native(J, L, v, v_free, phi, e, self.dt,
                                                                        self.baumgarte, self.bounce_speed)
             lam = kept.lam
-            u = (W @ lam.reshape(B, 3 * K, 1))[..., 0]
-            v1 = v_free + u
+            u, v1 = update_native.apply_native(W, lam, v_free)
         else:
             v1 = v_free
         g_q_adv, g_v1 = self._advance_vjp(q, v1, aq, av)
@@ -282,6 +363,21 @@ class GroundStepper:
         g_tau = g_state[:, nq + nv:nq + 2 * nv]
         self.g_consts += g_state[:, nq + 2 * nv:].sum(0, dtype=torch.float64)
         return g_q, g_vv, g_tau
+
+    def _driver_vjp(self, q: Tensor, v: Tensor, tau: Tensor, kept: Contacts, aq: Tensor, av: Tensor
+                    ) -> tuple[Tensor, Tensor, Tensor] | None:
+        """:meth:`vjp` by the C driver, or ``None`` where it hands the step back (the position update's
+        series does not apply; a rank-deficient contact problem)."""
+        B, nq, nv = self.B, self.nq, self.nv
+        g_q, g_v, g_tau = q.new_empty(B, nq), q.new_empty(B, nv), q.new_empty(B, nv)
+        aq, av = kernels._prep(aq, self.dtype), kernels._prep(av, self.dtype)
+        status = self.driver[1](self.ground_ref, q.data_ptr(), v.data_ptr(), tau.data_ptr(), len(kept.slots),
+                                kept.slots.ctypes.data, kept.lam.data_ptr(), aq.data_ptr(), av.data_ptr(),
+                                g_q.data_ptr(), g_v.data_ptr(), g_tau.data_ptr(), self.g_consts.data_ptr(),
+                                self.g_mu.ctypes.data, self.g_e.ctypes.data)
+        if status == _driver.NOT_FINITE:
+            return g_q, g_v, g_tau  # the caller names the step
+        return (g_q, g_v, g_tau) if status == _driver.OK else None
 
     def _advance_vjp(self, q: Tensor, v1: Tensor, aq: Tensor, av: Tensor) -> tuple[Tensor, Tensor]:
         if self._kernel_advance(v1):

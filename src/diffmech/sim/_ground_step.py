@@ -260,9 +260,8 @@ def _apply(solve, consts: tuple, J: Tensor, v: Tensor, v_free: Tensor, phi: Tens
         A, c, W, vn, bounce, scale = update_native.assemble_native(J, L, v, v_free, phi, e, dt, baumgarte,
                                                                    bounce_speed)
         res = solve(A, c, mu)
-        B, K, _ = res.lam.shape
-        u = (W @ res.lam.reshape(B, 3 * K, 1))[..., 0]
-        return v_free + u, res, (c, W, vn, bounce, scale), u
+        u, v1 = update_native.apply_native(W, res.lam, v_free)
+        return v1, res, (c, W, vn, bounce, scale), u
     v1, res, p, u = solve_and_apply(solve, consts, J, v, v_free, phi, mu, e, [L[:, None]])
     return v1, res, (p.c, p.W, p.vn, p.bounce, p.scale), u
 
