@@ -523,12 +523,12 @@ def markdown(rep: dict) -> list[str]:
             c, a, mj, B = r["checkpoint"], r["autograd"], r.get("mujoco"), r["batch"]
             both = (c["forward_ms_per_step"] + c["backward_ms_per_step"]) / B
             mj_cells = (f"{mj['step_ms_per_step'] / B:.3f} | {mj['fd_ms_per_step'] / B:.2f} | "
-                        f"{both / (mj['fd_ms_per_step'] / B):.1f}x" if mj else "- | - | -")
-            lines.append(f"| {B} | {r['T']} | {c['forward_ms_per_step']:.2f} | {c['backward_ms_per_step']:.2f} | "
+                        f"{both / (mj['fd_ms_per_step'] / B):.2g}x" if mj else "- | - | -")
+            lines.append(f"| {B} | {r['T']} | {c['forward_ms_per_step']:.3f} | {c['backward_ms_per_step']:.3f} | "
                          f"{c['backward_ms_per_step'] / c['forward_ms_per_step']:.1f} | "
                          f"{c['saved_bytes'] / 1e6:.3f} | {a['forward_ms_per_step']:.2f} | "
-                         f"{a['backward_ms_per_step']:.2f} | {a['saved_bytes'] / 1e6:.1f} | {both:.2f} | "
-                         f"{both / (SEED_FWD_MS + SEED_BWD_MS):.1f}x | {mj_cells} | {r['grad_agree']:.1e} |")
+                         f"{a['backward_ms_per_step']:.2f} | {a['saved_bytes'] / 1e6:.1f} | {both:.3f} | "
+                         f"{both / (SEED_FWD_MS + SEED_BWD_MS):.2g}x | {mj_cells} | {r['grad_agree']:.1e} |")
         lines.append("")
     if any("mjx" in r for r in rep["rows"]):
         lines += mjx_markdown(rep)
@@ -568,8 +568,8 @@ def mjx_markdown(rep: dict) -> list[str]:
             lines.append(f"| {B} | {r['T']} | skipped: {x['skipped']} ||||||||||")
             continue
         if c:
-            fwd_ratio = f"{c['forward_ms_per_step'] / x['forward_ms_per_step']:.0f}x"
-            both_ratio = f"{(c['forward_ms_per_step'] + c['backward_ms_per_step']) / x['grad_ms_per_step']:.1f}x"
+            fwd_ratio = f"{c['forward_ms_per_step'] / x['forward_ms_per_step']:.2g}x"
+            both_ratio = f"{(c['forward_ms_per_step'] + c['backward_ms_per_step']) / x['grad_ms_per_step']:.2g}x"
         else:
             fwd_ratio = both_ratio = "-"
         mem = f"{x['grad_temp_bytes'] / 1e6:.1f}" if x.get("grad_temp_bytes") is not None else "n/a"

@@ -105,9 +105,9 @@ def markdown(rep: dict) -> list[str]:
              generated_by("bench_contact_batch.py", rep), "",
              "Native kernels for the robot's mass matrix, bias forces, link kinematics and floating-base update "
              "(`diffmech.dynamics.kernels.prepare`), and the native ground route of the step "
-             "(`diffmech.sim.prepare_ground_kernels`: the step's first stage as one kernel, the contact problem in C), "
-             "which the step takes up to 1024 toes x robots (`diffmech.sim._ground_step.MAX_BALL_STATES`: here up to "
-             "256 robots; 1024 robots run the torch step). "
+             "(`diffmech.sim.prepare_ground_kernels`: the step's first stage as one kernel, the contact problem in C); "
+             "the checkpointed rollout runs each step, and its reverse, as one call of a C driver of those kernels "
+             "(`diffmech.sim._ground_rollout`, at every batch size). "
              "`scenes.laikago` copies in one batch, dt 1e-3, float64, zero commanded torque; gradient of the chassis' "
              "final x + z w.r.t. every torque and the drives' stiffness (checkpointed adjoint). Per robot-step: "
              "forward + backward time / (batch x steps). MuJoCo: `mjd_transitionFD` (one step's derivatives by centred "

@@ -117,10 +117,10 @@ def _balls(scene: Scene, plan: GroundPlan, dtype: torch.dtype) -> Tensor:
     return torch.cat(out)[None]
 
 
-def ground_plan(scene: Scene, x: Tensor) -> GroundPlan | None:
+def ground_plan(scene: Scene, x: Tensor, max_states: int | None = MAX_BALL_STATES) -> GroundPlan | None:
     """The scene's plan where the native stage applies to states like ``x (B, nq)`` (CPU, float32/64,
     native kernels not turned off, no ``torch.func`` transform, ``B`` times the balls at most
-    :data:`MAX_BALL_STATES`), else ``None``."""
+    ``max_states``: ``None`` for no limit), else ``None``."""
     mode = kernels._MODE[0]
     if mode == "never" or not x.is_cpu or x.dtype not in (torch.float64, torch.float32) \
             or torch._C._are_functorch_transforms_active():
@@ -131,7 +131,7 @@ def ground_plan(scene: Scene, x: Tensor) -> GroundPlan | None:
     if x.dtype not in plans:
         plans[x.dtype] = _plan(scene, x.dtype)
     plan = plans[x.dtype]
-    if plan is None or x.shape[0] * len(plan.links) > MAX_BALL_STATES:
+    if plan is None or max_states is not None and x.shape[0] * len(plan.links) > max_states:
         return None
     plan.call.build = mode == "build"
     try:  # the value's kernel and its reverse mode's: a step and its replay in the backward pass run the same code
