@@ -141,10 +141,9 @@ def test_stepper_gradient_against_finite_differences(driver):
     tau = (0.2 * torch.randn(1, T, scene.nv, generator=gen, dtype=F64)).requires_grad_()
     kp = torch.tensor(40.0, dtype=F64, requires_grad=True)
     with kernels.native_mode("auto"):
-        used = []
-        real = gr.ground_stepper
+        used: list = []
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(cr, "ground_stepper", lambda *a: used.append(real(*a)) or used[-1])
+            mp.setattr(cr, "ground_stepper", _recording(used))
             f(tau, q0.requires_grad_(), v0.requires_grad_(), kp).backward()
         assert used and used[0] is not None
         eps = 1e-6
@@ -210,3 +209,61 @@ def test_driver_steps_handed_back_to_the_python():
     assert len(calls) == T
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=1e-12, atol=1e-15)
+
+
+def _recording(made: list):
+    """``ground_stepper`` that appends what it returns to ``made``."""
+    real = gr.ground_stepper
+
+    def make(*args):
+        made.append(real(*args))
+        return made[-1]
+
+    return make
+
+
+def test_fixed_base_robot():
+    """A fixed base (the hopper's body held 22.8 cm up, its feet swung into the ground): no position-update
+    kernel, the joints' update by the robot's ``integrate``; the same rollout and gradient as contact_step's."""
+    import diffmech
+    from diffmech.sim import Scene
+    from hopper_scene import URDF
+
+    urdf = URDF.replace('<robot name="hopper">', '<robot name="hopper"><link name="world"/><joint name="lift" '
+                        'type="fixed"><parent link="world"/><child link="body"/><origin xyz="0 0 0.228"/></joint>')
+    out = {}
+    for route in ("stepper", "native"):
+        robot = diffmech.load_urdf(urdf)
+        kp = torch.tensor(5.0, dtype=F64, requires_grad=True)
+        scene = Scene([robot], friction=0.5, drives={"hopper": {"stiffness": kp, "damping": 0.5}})
+        assert prepare_ground_kernels(scene)
+        q0 = torch.tensor([[-0.3, 0.3]], dtype=F64)  # the feet 8 mm up, swinging down into the ground
+        v0 = torch.tensor([[4.0, -4.0]], dtype=F64)
+        tau = torch.zeros(1, 60, 2, dtype=F64, requires_grad=True)
+        used = []
+        with kernels.native_mode("auto"), pytest.MonkeyPatch.context() as mp:
+            mp.setattr(cr, "ground_stepper", _recording(used) if route == "stepper" else (lambda *a: None))
+            stats: dict = {}
+            qs, vs = rollout(scene, q0, v0, tau, 2e-3, stats=stats)
+            (qs[:, -1].sum() + vs[:, -1, 0]).backward()
+        if route == "stepper":
+            assert used[0] is not None and used[0].driver is None  # a fixed base: the Python steps
+        assert stats["contact_candidates_max"] >= 2
+        out[route] = (qs.detach(), tau.grad, kp.grad)
+    assert torch.equal(out["stepper"][0], out["native"][0])
+    for a, b in zip(out["stepper"][1:], out["native"][1:]):
+        assert float(b.abs().max()) > 0
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-14)
+
+
+def test_non_finite_gradient_names_the_step(driver):
+    from diffmech.errors import SimulationError
+
+    scene = make_scene()
+    assert prepare_ground_kernels(scene)
+    q, v = start_state(scene)
+    tau = torch.zeros(2, 20, scene.nv, dtype=F64, requires_grad=True)
+    with kernels.native_mode("auto"):
+        qs, _ = rollout(scene, q, v, tau, 2e-3)
+        with pytest.raises(SimulationError, match="non-finite gradient at step 19"):
+            (qs[:, -1, 0] * float("nan")).sum().backward()

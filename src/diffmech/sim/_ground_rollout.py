@@ -126,7 +126,7 @@ class GroundStepper:
         """The C driver's forward and backward functions and this rollout's :class:`~._ground_driver.Ground`,
         or ``None`` (no driver library, or a kernel the step needs is not built: the Python runs)."""
         lib = _driver.library()
-        if lib is None or self.advance is None and self.floating:
+        if lib is None or self.advance is None:  # a fixed base, or no kernel: the torch position update
             return None
         from ..contact.pgs_native import _library as pgs_library
         from ..contact.update_native import _library as update_library
@@ -304,10 +304,10 @@ class GroundStepper:
 
     # ------------------------------------------------------------ its reverse
     def vjp(self, q: Tensor, v: Tensor, tau: Tensor, kept: Contacts, aq: Tensor, av: Tensor
-            ) -> tuple[Tensor, Tensor, Tensor]:
+            ) -> tuple[Tensor, Tensor, Tensor, bool]:
         """The cotangents ``(g_q, g_v, g_tau)`` of the step from ``(q, v)`` under ``tau`` whose contacts
-        and impulses were ``kept``, for the cotangents ``aq, av`` of its next state; the scene's
-        tensors' cotangents are summed into this stepper (:meth:`parameter_grads`)."""
+        and impulses were ``kept``, for the cotangents ``aq, av`` of its next state, and whether they are
+        all finite; the scene's tensors' cotangents are summed into this stepper (:meth:`parameter_grads`)."""
         B, nv, nb = self.B, self.nv, self.nb
         q, v = kernels._prep(q, self.dtype), kernels._prep(v, self.dtype)
         if self.driver is not None:
@@ -368,10 +368,11 @@ class GroundStepper:
             g_vv = g_vv + g_v
         g_tau = g_state[:, nq + nv:nq + 2 * nv]
         self.g_consts += g_state[:, nq + 2 * nv:].sum(0, dtype=torch.float64)
-        return g_q, g_vv, g_tau
+        finite = all(bool(np.isfinite(x.numpy()).all()) for x in (g_q, g_vv, g_tau))
+        return g_q, g_vv, g_tau, finite
 
     def _driver_vjp(self, q: Tensor, v: Tensor, tau: Tensor, kept: Contacts, aq: Tensor, av: Tensor
-                    ) -> tuple[Tensor, Tensor, Tensor] | None:
+                    ) -> tuple[Tensor, Tensor, Tensor, bool] | None:
         """:meth:`vjp` by the C driver, or ``None`` where it hands the step back (the position update's
         series does not apply; a rank-deficient contact problem)."""
         B, nq, nv = self.B, self.nq, self.nv
@@ -382,8 +383,8 @@ class GroundStepper:
                                 g_q.data_ptr(), g_v.data_ptr(), g_tau.data_ptr(), self.g_consts.data_ptr(),
                                 self.g_mu.ctypes.data, self.g_e.ctypes.data)
         if status == _driver.NOT_FINITE:
-            return g_q, g_v, g_tau  # the caller names the step
-        return (g_q, g_v, g_tau) if status == _driver.OK else None
+            return g_q, g_v, g_tau, False
+        return (g_q, g_v, g_tau, True) if status == _driver.OK else None
 
     def _advance_vjp(self, q: Tensor, v1: Tensor, aq: Tensor, av: Tensor) -> tuple[Tensor, Tensor]:
         if self._kernel_advance(v1):

@@ -143,8 +143,8 @@ def _reverse(ctx, gQ, gV, seg, tau, params, aq, av, gtau, gp):
     scene, ctrl, dt = ctx.scene, ctx.ctrl, ctx.dt
     for k, qk, vk, warm, lam in reversed(seg):
         if ctx.stepper is not None:
-            gq, gv, gt = ctx.stepper.vjp(qk, vk, tau[:, k], lam, aq, av)
-            if not bool(torch.isfinite(gq).all() and torch.isfinite(gv).all() and torch.isfinite(gt).all()):
+            gq, gv, gt, finite = ctx.stepper.vjp(qk, vk, tau[:, k], lam, aq, av)
+            if not finite:
                 raise SimulationError(f"scene rollout backward: non-finite gradient at step {k}")
             aq, av = gQ[:, k] + gq, gV[:, k] + gv
             if gtau is not None:
