@@ -12,6 +12,11 @@ step) from its checkpoint, then walks them in reverse: memory ``(steps / k + k) 
 sublinearly (or not at all) with the horizon. The recomputed states are the forward pass's bit for
 bit (same warm starts, same operations), so the gradient does not depend on ``k``.
 ``adjoint="autograd"`` keeps the graph of the whole loop.
+
+A scene of one robot whose shapes are spheres and capsules on the ground, rolled out under a torque
+sequence with the checkpointed adjoint once its native kernels are built, takes each step and each
+step's reverse without autograd (:mod:`diffmech.sim._ground_rollout`: one C call each): the same
+trajectory and gradient as the steps below, several times faster for one robot.
 """
 
 from __future__ import annotations
