@@ -8,13 +8,13 @@ batch-wide RMS stopping rule, the whole solve on a ``copy.deepcopy`` of the netw
 parameters, and the implicit-function-theorem backward as a custom identity whose backward maps
 ``g -> -g^T J^{-1}`` (the Jacobian rebuilt row by row on the copy).
 
-diffmech's step is :class:`diffmech.learn.E2ESyMo`'s objective: the residual and its Jacobian from
-one pass of the network carrying analytic second derivatives (computed in place, no graph), batched
-Newton in :func:`diffmech.implicit.newton_solve` with per-sample convergence, the Jacobian at the root
-reused by the implicit backward pass, whose vector-Jacobian product is the residual contracted with
-the adjoint vector: one directional derivative of the network per midpoint, formed from the
-activations kept from the forward evaluations and differentiated by a hand-written reverse pass.
-Both start from the seed's guess ``2 q_k - q_{k-1}``, with the same
+diffmech's step is :class:`diffmech.learn.E2ESyMo`'s objective, which on the CPU runs
+:mod:`diffmech.learn.e2e_native`: the matrix products in torch, everything between them in C (the
+network's jets, per-sample Newton with the residual and Jacobian from first-order jets and one reverse
+pass, the adjoint at the root and the implicit backward pass's rows). Also timed in the same run: the
+torch code (``diffmech.native_mode("never")``: second-order jets computed in place, batched Newton in
+:func:`diffmech.implicit.newton_solve`, the directional vector-Jacobian product through a hand-written
+reverse pass). All start from the seed's guess ``2 q_k - q_{k-1}``, with the same
 weights (``torch.manual_seed(230)``), data (the seed's training samples) and tolerance (1e-5,
 10 iterations). The cells cross-check the loss and the parameter gradients of the two.
 
@@ -47,20 +47,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "src"))
 
+from diffmech.dynamics.kernels import native_mode  # noqa: E402
 from diffmech.learn import E2ESyMo, get_system, make_dataset, step_samples  # noqa: E402
+from diffmech.learn.e2e_native import library  # noqa: E402
 
 MARK_START, MARK_END = "<!-- bench_learn:start -->", "<!-- bench_learn:end -->"
 # The seed's code measured on this machine (issue 11): ms per step at B = 32 / 128 / 512, 1 thread.
 SEED_MS = {"pendulum": (14, 23, 43), "cartpole": (32, 45, 137)}
 TARGET_RATIO = 5.0
-# The code before the directional implicit backward pass and the in-place jets (commit e5db2bd), measured by
-# this script (`--no-md --out benchmarks/results/learn_base_e5db2bd.json`) on 2026-11-26T09:08:47, just
-# before the run in BENCHMARKS.md: wall-clock ratios (cold, warm start) and CPU-time ratios (cold, warm).
-BEFORE = {("pendulum", 32): (2.9, 3.7, 3.3, 3.7), ("pendulum", 128): (2.4, 3.1, 2.6, 3.2),
-          ("pendulum", 512): (2.3, 2.6, 2.2, 2.5), ("cartpole", 32): (3.3, 3.5, 3.1, 3.7),
-          ("cartpole", 128): (1.9, 2.1, 1.9, 2.3), ("cartpole", 512): (1.5, 1.7, 1.5, 1.7)}
-
-
 # ----------------------------------------------------------------------------- the reference-style baseline
 class RefRigidBody(nn.Module):
     """The seed's ``Rigid_Body`` on its ``MLP``: ``(H, V)`` from the embedded configuration."""
@@ -257,6 +251,9 @@ def measure(system_name: str, B: int, repeats: int) -> dict:
     loss_rel = float(abs(lo.detach() - lr.detach()) / abs(lr.detach()))
     opt_o = torch.optim.Adam(ours.parameters(), lr=p.lr, fused=True)  # as diffmech.learn's trainer
     opt_r = torch.optim.Adam(ref.parameters(), lr=p.lr)
+    torch.manual_seed(230)
+    torch_model = E2ESyMo(system.angle_mask, p.h, p.width, system.input_matrix)
+    opt_t = torch.optim.Adam(torch_model.parameters(), lr=p.lr, fused=True)
     its_o, its_r = [], []
 
     def step_ours():
@@ -275,6 +272,13 @@ def measure(system_name: str, B: int, repeats: int) -> dict:
 
     roots = [2 * s.q - s.q_prev]
 
+    def step_torch():
+        opt_t.zero_grad(set_to_none=True)
+        with native_mode("never"):
+            loss, _ = torch_model.objective(s)
+        loss.backward()
+        opt_t.step()
+
     def step_warm():
         opt_o.zero_grad(set_to_none=True)
         loss, info = ours.objective(s, x0=roots[0])
@@ -283,21 +287,24 @@ def measure(system_name: str, B: int, repeats: int) -> dict:
         opt_o.step()
 
     # interleave so that load changes on the shared machine hit both alike
-    t_ref, t_ours, t_warm = [], [], []
+    t_ref, t_ours, t_warm, t_torch = [], [], [], []
     for _ in range(3):
         t_ref.append(median_ms(step_ref, max(repeats // 3, 3), 1))
         t_ours.append(median_ms(step_ours, max(repeats // 3, 3), 1))
         t_warm.append(median_ms(step_warm, max(repeats // 3, 3), 1))
+        t_torch.append(median_ms(step_torch, max(repeats // 3, 3), 1))
 
     def med(ts, i):
         return statistics.median(t[i] for t in ts)
 
     ms_ref, ms_ours, ms_warm = med(t_ref, 0), med(t_ours, 0), med(t_warm, 0)
     cpu_ref, cpu_ours, cpu_warm = med(t_ref, 1), med(t_ours, 1), med(t_warm, 1)
+    ms_torch = med(t_torch, 0)
     return {"system": system_name, "B": B, "width": p.width, "ref_ms": ms_ref, "diffmech_ms": ms_ours,
             "diffmech_warm_ms": ms_warm, "ratio": ms_ref / ms_ours, "ratio_warm": ms_ref / ms_warm,
             "ref_cpu_ms": cpu_ref, "diffmech_cpu_ms": cpu_ours, "diffmech_warm_cpu_ms": cpu_warm,
             "ratio_cpu": cpu_ref / cpu_ours, "ratio_warm_cpu": cpu_ref / cpu_warm,
+            "torch_code_ms": ms_torch, "ratio_torch_code": ms_ref / ms_torch,
             "seed_code_ms": SEED_MS[system_name][(32, 128, 512).index(B)] if B in (32, 128, 512) else None,
             "newton_iters_ref": statistics.mean(its_r), "newton_iters_diffmech": statistics.mean(its_o),
             "loss_rel_diff": loss_rel, "grad_rel_diff": grad_rel}
@@ -305,19 +312,95 @@ def measure(system_name: str, B: int, repeats: int) -> dict:
 
 def table(rows: list[dict]) -> str:
     lines = ["| system | B | reference-style (ms) | diffmech (ms) | ratio | diffmech, warm start (ms) | ratio | "
-             "CPU ms ref / ours / warm | CPU ratio (warm) | before: ratio (warm), CPU ratio (warm) | "
+             "CPU ms ref / ours / warm | CPU ratio (warm) | diffmech's torch code (ms) | ratio | "
              "seed's code, issue (ms) | Newton its ref / ours | grad. rel. diff. |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        before = BEFORE.get((r["system"], r["B"]))
         lines.append(f"| {r['system']} | {r['B']} | {r['ref_ms']:.1f} | {r['diffmech_ms']:.2f} | "
                      f"{r['ratio']:.1f}x | {r['diffmech_warm_ms']:.2f} | {r['ratio_warm']:.1f}x | "
                      f"{r['ref_cpu_ms']:.1f} / {r['diffmech_cpu_ms']:.2f} / {r['diffmech_warm_cpu_ms']:.2f} | "
-                     f"{r['ratio_cpu']:.1f}x ({r['ratio_warm_cpu']:.1f}x) | "
-                     f"{'{:.1f}x ({:.1f}x), {:.1f}x ({:.1f}x)'.format(*before) if before else '-'} | "
+                     f"{r['ratio_cpu']:.1f}x ({r['ratio_warm_cpu']:.1f}x) | {r['torch_code_ms']:.2f} | "
+                     f"{r['ratio_torch_code']:.1f}x | "
                      f"{r['seed_code_ms'] if r['seed_code_ms'] is not None else '-'} | "
                      f"{r['newton_iters_ref']:.1f} / {r['newton_iters_diffmech']:.1f} | {r['grad_rel_diff']:.1e} |")
     return "\n".join(lines)
+
+
+def write_md(rows: list[dict], meta: dict) -> None:
+    """This benchmark's section of BENCHMARKS.md from measured rows and their metadata."""
+    load0, load, repeats = meta["loadavg_at_start"], meta["loadavg_at_end"], meta["repeats"]
+    md = os.path.join(ROOT, "BENCHMARKS.md")
+    text = open(md).read() if os.path.exists(md) else "# Benchmarks\n"
+    met = [r for r in rows if r["ratio"] >= TARGET_RATIO]
+    cp512 = next((r for r in rows if r["system"] == "cartpole" and r["B"] == 512), None)
+    body = "\n".join([
+        MARK_START,
+        "## Learned dynamics: one E2E-SyMo training step",
+        "",
+        f"_Generated by `python benchmarks/bench_learn.py` on {meta['date']}; torch {meta['torch']}, "
+        f"`torch.set_num_threads(1)`, {meta['cpus']} CPUs shared with other jobs: load average (1/5/15 min) "
+        f"at the start {load0[0]:.1f} / {load0[1]:.1f} / {load0[2]:.1f}, at the end {load[0]:.1f} / "
+        f"{load[1]:.1f} / {load[2]:.1f}._",
+        "",
+        "One Adam step of E2E-SyMo (`zero_grad`, loss, `backward`, `step`) on the seed's training samples, "
+        "seed-initialised weights (`torch.manual_seed(230)`), float32, Newton tolerance 1e-5 and at most 10 "
+        "iterations from the seed's guess `2 q_k - q_(k-1)`. *reference-style*: the seed's algorithm written "
+        "in the benchmark (DEL residual by `autograd.grad(create_graph=True)`, Newton Jacobian row by row with "
+        "autograd, `torch.inverse`, batch-wide RMS stopping rule, solve on a `copy.deepcopy` of the network, "
+        "identity layer whose backward maps `g -> -g^T J^-1` with the Jacobian rebuilt on the copy, default "
+        "Adam). *diffmech*: `diffmech.learn.E2ESyMo.objective`, which on the CPU runs "
+        "`diffmech.learn.e2e_native`: the matrix products in torch (MKL), everything between them in C -- the "
+        "network's jets (first layer, `tanh` and its chain rule), per-sample Newton (only the rows still "
+        "iterating are evaluated) with the residual and the Jacobian from first-order jets plus one reverse "
+        "pass for the second-derivative term (n >= 2; second-order jets for n = 1; a sample's first step "
+        "without that term, a quasi-Newton step: the Jacobian of every later step and at the root is exact), "
+        "the adjoint at the root and the implicit backward pass's (value, derivative along the adjoint) rows "
+        "at both midpoints, whose reverse pass runs in the forward call (the loss's cotangent is known "
+        "there); fused Adam. *diffmech's torch code*: the same model under "
+        "`diffmech.dynamics.kernels.native_mode(\"never\")` (second-order jets in place, "
+        "`diffmech.implicit.newton_solve`, the directional vector-Jacobian product through a hand-written "
+        "reverse pass), timed in the same run. *warm start*: the C code with the previous step's roots as "
+        "initial guesses, as the training loop does (previous epoch). Each time is the median of three "
+        "interleaved blocks of "
+        f"{max(repeats // 3, 3)} steps; *CPU ms* is the same median in CPU time of the process's thread "
+        "(`time.thread_time`), which the other jobs on the machine inflate less than the wall clock. "
+        "The last column is the relative difference of diffmech's and the reference-style parameter "
+        "gradients at the initial weights (float32; the stopping rules differ).",
+        "",
+        table(rows),
+        "",
+        f"Target (issue 11): at least {TARGET_RATIO:.0f}x the reference-style step at every size: met in "
+        f"{len(met)} of {len(rows)} cells (cold start, wall clock). Raw data: `benchmarks/results/learn.json`.",
+        "",
+        "Where the step spends its time, in passes of `B` rows through the `w x w` hidden layer (the matrix "
+        "product that dominates at B = 512): the known part one first-order jet (pendulum 2 / cart-pole 3); "
+        "each Newton evaluation a second-order jet for the pendulum (3), for the cart-pole a first-order jet "
+        "(3) plus one reverse pass for the rows that need the exact Jacobian (1; second-order jets would take "
+        "6); the implicit backward pass two products on 4 B rows (8 / 8). Only the rows still iterating are "
+        "evaluated: on the cart-pole at B = 512 from the initial weights, 238 samples converge after one "
+        "Newton step and 274 after two, so the three evaluations take 3 + 4 + 2.1 passes and the step 20.1 "
+        "(pendulum: at most 19). At B = 512 and w = 256 one pass is 67 MFLOP, ~0.66 ms on one core of this machine "
+        "(~100 GFLOP/s): ~13 ms"
+        + (f" of the {cp512['diffmech_ms']:.1f} ms step; 5x the reference-style step allows "
+           f"{cp512['ref_ms'] / TARGET_RATIO:.0f} ms" if cp512 else "")
+        + ". A profile of that step (`perf record`, 4 s of steps): MKL's kernel 66 %, its packing and "
+        "scaling 10 %, the C code 12 %, Python 3 %. The reference-style step's time varies between runs "
+        "(cart-pole, B = 512: 101 to 130 ms on 2026-11-28/29), so this cell's ratio does too (an earlier run "
+        "of this code without the quasi-Newton first step: 20.95 ms against 101.3 ms, 4.8x). Tried and not "
+        "kept: (1) in the torch code, first-order evaluations with the last exact second-derivative term of "
+        "the Jacobian at iterates predicted not to converge: the saved passes went into extra iterations "
+        "(2.03 -> 2.34 per solve); (2) an explicit predictor as initial guess (the seed's guess plus one "
+        "step with the first midpoint's inertia and forces): 4x closer to the root on the cart-pole, still "
+        "2 iterations per solve; (3) the quasi-Newton step for the first two steps: 2.008 -> 2.067 "
+        "iterations per solve over 60 epochs of cart-pole training, no faster.",
+        MARK_END,
+    ])
+    if MARK_START in text:
+        text = text[:text.index(MARK_START)] + body + text[text.index(MARK_END) + len(MARK_END):]
+    else:
+        text = text.rstrip() + "\n\n" + body + "\n"
+    with open(md, "w") as f:
+        f.write(text)
 
 
 def main(argv=None) -> int:
@@ -326,12 +409,21 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--out", default=os.path.join(HERE, "results", "learn.json"))
     ap.add_argument("--no-md", action="store_true", help="do not update BENCHMARKS.md")
+    ap.add_argument("--from-json", metavar="FILE", help="write BENCHMARKS.md's section from a results file; no run")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if library() is None:
+        print("warning: the C code of diffmech.learn.e2e_native cannot be built here (no C compiler); "
+              "diffmech's cells time the torch code", file=sys.stderr)
     load0 = os.getloadavg()
     sizes = (32,) if args.quick else (32, 128, 512)
     repeats = 6 if args.quick else args.repeats
     rows = []
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        write_md(saved["rows"], saved["meta"])
+        return 0
     for system in ("pendulum", "cartpole"):
         for B in sizes:
             r = measure(system, B, repeats)
@@ -348,73 +440,13 @@ def main(argv=None) -> int:
     load = os.getloadavg()
     meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "torch": torch.__version__,
             "threads": 1, "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+            "c_code": library() is not None,
             "loadavg_at_start": load0, "loadavg_at_end": load, "repeats": repeats}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": rows, "target_ratio": TARGET_RATIO}, f, indent=2)
     if not args.no_md:
-        md = os.path.join(ROOT, "BENCHMARKS.md")
-        text = open(md).read() if os.path.exists(md) else "# Benchmarks\n"
-        met = [r for r in rows if r["ratio"] >= TARGET_RATIO]
-        cp512 = next((r for r in rows if r["system"] == "cartpole" and r["B"] == 512), None)
-        body = "\n".join([
-            MARK_START,
-            "## Learned dynamics: one E2E-SyMo training step",
-            "",
-            f"_Generated by `python benchmarks/bench_learn.py` on {meta['date']}; torch {meta['torch']}, "
-            f"`torch.set_num_threads(1)`, {meta['cpus']} CPUs shared with other jobs: load average (1/5/15 min) "
-            f"at the start {load0[0]:.1f} / {load0[1]:.1f} / {load0[2]:.1f}, at the end {load[0]:.1f} / "
-            f"{load[1]:.1f} / {load[2]:.1f}._",
-            "",
-            "One Adam step of E2E-SyMo (`zero_grad`, loss, `backward`, `step`) on the seed's training samples, "
-            "seed-initialised weights (`torch.manual_seed(230)`), float32, Newton tolerance 1e-5 and at most 10 "
-            "iterations from the seed's guess `2 q_k - q_(k-1)`. *reference-style*: the seed's algorithm written "
-            "in the benchmark (DEL residual by `autograd.grad(create_graph=True)`, Newton Jacobian row by row with "
-            "autograd, `torch.inverse`, batch-wide RMS stopping rule, solve on a `copy.deepcopy` of the network, "
-            "identity layer whose backward maps `g -> -g^T J^-1` with the Jacobian rebuilt on the copy, default "
-            "Adam). *diffmech*: `diffmech.learn.E2ESyMo.objective` (residual and Jacobian from one pass of the "
-            "network carrying analytic second derivatives, computed in place without a graph, "
-            "`diffmech.implicit.newton_solve` with per-sample convergence, the Jacobian at the root reused by the "
-            "implicit backward pass, whose vector-Jacobian product contracts the residual with the adjoint vector "
-            "first: one directional derivative of the network per midpoint, formed from the activations kept from "
-            "the known part's and the last Newton evaluation, through a hand-written reverse pass; fused Adam). "
-            "*warm start*: the same with the previous step's roots as initial guesses, as the training loop does "
-            "(previous epoch). Each time is the median of three interleaved blocks of "
-            f"{max(repeats // 3, 3)} steps; *CPU ms* is the same median in CPU time of the process's thread "
-            "(`time.thread_time`), which the other jobs on the machine inflate less than the wall clock. "
-            "*before*: the ratios of the code before the directional backward pass and the in-place jets "
-            "(commit e5db2bd), measured by this script on 2026-11-26T09:08:47 at a load average of about 11 "
-            "(`benchmarks/results/learn_base_e5db2bd.json`; ratios of another run on a loaded machine: compare "
-            "with care). The last column is the relative difference of the two "
-            "implementations' parameter gradients at the initial weights (float32; the stopping rules differ).",
-            "",
-            table(rows),
-            "",
-            f"Target (issue 11): at least {TARGET_RATIO:.0f}x the reference-style step at every size: met in "
-            f"{len(met)} of {len(rows)} cells (cold start, wall clock). Raw data: `benchmarks/results/learn.json`.",
-            "",
-            "Where diffmech's step spends its time, in network passes of `B` rows through the `w x w` hidden "
-            "layer (the matrix product that dominates at B = 512; a second-order jet is `1 + n + n(n+1)/2` of "
-            "them, 3 for the pendulum and 6 for the cart-pole): the known part one first-order jet (2 / 3), "
-            "Newton one second-order jet per evaluation, 3 evaluations from the seed's guess (9 / 18), the "
-            "implicit backward pass two products per midpoint on (value, direction) pairs (8 / 8): 19 / 29 "
-            "passes. At B = 512 and w = 256 one pass is 67 MFLOP, ~0.75 ms on one core of this machine at the "
-            "~85 GFLOP/s that MKL reaches, so the cart-pole's products alone take ~22 ms of CPU"
-            + (f", where 5x the reference-style step leaves {cp512['ref_ms'] / TARGET_RATIO:.0f} ms for everything"
-               if cp512 else "")
-            + "; the rest is elementwise work on the jets. Going further needs fewer "
-            "second-order evaluations per solve. Tried and not kept: first-order evaluations with the last "
-            "exact second-derivative term of the Jacobian at iterates predicted (from Newton's observed "
-            "quadratic rate) not to converge; on the cart-pole at B = 512 the saved passes went into extra "
-            "iterations (2.03 -> 2.34 per solve), no net gain.",
-            MARK_END,
-        ])
-        if MARK_START in text:
-            text = text[:text.index(MARK_START)] + body + text[text.index(MARK_END) + len(MARK_END):]
-        else:
-            text = text.rstrip() + "\n\n" + body + "\n"
-        with open(md, "w") as f:
-            f.write(text)
+        write_md(rows, meta)
     return 0
 
 

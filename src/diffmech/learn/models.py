@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from ..errors import ShapeError
 from ..implicit import NewtonStatus, newton_solve
 from .data import StepSamples
+from .e2e_native import native_objective
 from .networks import MLP, AngleEmbedding, LagrangianNet
 
 __all__ = ["LearnedDynamics", "NODE", "LNODE", "SyMo", "E2ESyMo", "Prediction", "Rollout", "build_model",
@@ -549,9 +550,16 @@ class E2ESyMo(_DELModel):
     The loss averages the squared position errors over the samples whose solve converged; the
     others are left out and counted (``info["failures"]``), never used silently. (With no
     converged sample the loss is a zero without gradient.)
+
+    On the CPU, without dissipation or line search, :meth:`objective` runs in C
+    (:mod:`~diffmech.learn.e2e_native`: the same loss and gradient; ``native_mode("never")`` of
+    :mod:`diffmech.dynamics.kernels` selects the torch code below).
     """
 
     def objective(self, b: StepSamples, x0: Tensor | None = None):
+        fused = native_objective(self, b, x0)
+        if fused is not None:
+            return fused
         x, st = self.solve(b.q_prev, b.q, b.u_prev, b.u, b.u_next, x0=x0)
         ok = st.converged
         n_ok = int(ok.sum())
