@@ -239,3 +239,30 @@ def test_quasi_newton_first_step_keeps_the_iterations_on_the_papers_data():
     assert quasi["failures"] == exact["failures"] == 0
     assert float(steps_quasi.double().mean()) <= float(steps_exact.double().mean()) + 0.3
     assert torch.allclose(quasi["q"], exact["q"], atol=2e-6)
+
+
+@pytest.mark.parametrize("mask", [(True,), (False, True), (True, True, False)])
+def test_solves_without_gradients_predict_and_rollout(mask):
+    """``solve`` without gradients (``predict``, rollouts) by the C code: the torch code's roots to the tolerance,
+    failures and residual norms reported alike."""
+    n = len(mask)
+    torch.manual_seed(8)
+    m = E2ESyMo(mask, 0.1, 16).double()
+    b = _batch(n, B=9, seed=4)
+    res = {}
+    for mode in ("auto", "never"):
+        with native_mode(mode):
+            pred = m.predict(b, tol=1e-12, max_iter=30)
+            x, st = m.solve(b.q_prev, b.q, b.u_prev, b.u, b.u_next, tol=1e-30, max_iter=2)
+            u = 0.1 * torch.randn(3, 12, n, generator=torch.Generator().manual_seed(2), dtype=DT)
+            roll = m.rollout(b.q_prev[:3], b.q[:3], b.v[:3], u, 10, tol=1e-12)
+        res[mode] = (pred, st, roll)
+    (pa, sa, ra), (pt, st_, rt) = res["auto"], res["never"]
+    assert pa.converged.all() and pt.converged.all()
+    assert torch.allclose(pa.q, pt.q, rtol=0, atol=1e-12)
+    assert not sa.converged.any() and not st_.converged.any() and sa.iterations == st_.iterations == 2
+    assert (sa.residual_norm > 0).all() and torch.isfinite(sa.residual_norm).all()
+    # Newton converges where the torch code's chord iterations may not (10 at most, tol 1e-12)
+    assert int(ra.failures.sum()) == 0
+    both = rt.failures == 0
+    assert both.any() and torch.allclose(ra.q[both], rt.q[both], rtol=0, atol=1e-10)

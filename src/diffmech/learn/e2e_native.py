@@ -24,11 +24,14 @@ The loss is a fixed function of the roots, so the parameter gradient is computed
 path's :meth:`~diffmech.learn.models._DELModel.weighted_del_residual` through
 :meth:`~diffmech.learn.networks.LagrangianNet.directional_heads`) and the backward pass scales it.
 Samples iterate until each converges or fails; only the rows still iterating are evaluated, so the
-batch needs no straggler rule. With ``n >= 2`` a sample's first Newton step leaves out the network's
-second derivatives (``QUASI_NEWTON_STEPS``): far from the root the step's error is Newton's quadratic
-term; the Jacobian of every later step and the one at the root, which the adjoint uses, are exact.
+batch needs no straggler rule. With ``n >= 2``, from the seed's guess, a sample's first Newton step
+leaves out the network's second derivatives (``QUASI_NEWTON_STEPS``): that far from the root the step's
+error is Newton's quadratic term; the Jacobian of every later step and the one at the root, which the
+adjoint uses, are exact.
 
-Used by ``E2ESyMo.objective`` on the CPU (float32, float64) when the model has no dissipation and no
+:func:`native_solve` is the same solve without gradients, for ``solve`` (``predict``, rollouts, the
+training loop's test objective). Used by ``E2ESyMo.objective`` and ``SyMo``/``E2ESyMo.solve`` on the
+CPU (float32, float64) when the model has no dissipation and no
 line search; built once per machine (one small C file); where it cannot be, or under
 ``native_mode("never")`` of :mod:`diffmech.dynamics.kernels`, the torch code runs. ``tanh`` is
 evaluated through a vectorisable ``expm1`` (Taylor polynomial after range reduction).
@@ -45,11 +48,13 @@ from torch import Tensor
 from ..dynamics import kernels
 from ..dynamics.kernel_store import NativeUnavailable, load_kernel
 
-__all__ = ["library", "native_objective", "NMAX", "QUASI_NEWTON_STEPS"]
+__all__ = ["library", "native_objective", "native_solve", "NMAX", "QUASI_NEWTON_STEPS"]
 
 NMAX = 6  # degrees of freedom the C code holds on its stack; more: the torch code
-# n >= 2: the first Newton steps of a sample that use the Jacobian without the network's second derivatives
-# (see _Plan.solve; the Jacobian at the root is always exact); 0: every step exact
+# n >= 2, solves from the seed's guess: the first Newton steps of a sample that use the Jacobian without the
+# network's second derivatives (see _Plan.solve; the Jacobian at the root is always exact); 0: every step exact.
+# Not for warm starts: near the root that Jacobian's error dominates the step's (measured: 1.02 -> 1.2-1.3
+# iterations per solve in cart-pole training)
 QUASI_NEWTON_STEPS = 1
 
 _TANH = r"""
@@ -112,6 +117,7 @@ struct del_cfg {
     const void *S0, *H10, *H20, *O0;      /* the first midpoint's first-order jets (K1, B, .) */
     const void *S, *H1, *H2, *O;          /* this iteration's second-order jets (K2, Ba, .) */
     void *Sv, *H1v, *H2v, *G;             /* the backward pass's rows (2, 2B, .) */
+    void *rn;                             /* each sample's final max |residual| (B) */
 };
 """
 
@@ -488,6 +494,7 @@ static int finish_SUFFIX(const struct del_cfg *d, int64_t Ba, int64_t b, int64_t
         return 1;
     }
     d->status[i] = st;
+    ((REAL *)d->rn)[i] = finite ? rn : (REAL)NAN;
     d->iters[i] = it;
     if (st == 1) {
         double e = 0;
@@ -674,7 +681,7 @@ class _Cfg(ctypes.Structure):
                 + [(f, ctypes.c_double) for f in ("h", "epsl")]
                 + [(f, ctypes.c_void_p) for f in ("pj", "pk", "bh", "q_prev", "q", "q_next", "c", "tolb", "x",
                                                    "status", "iters", "acc", "S0", "H10", "H20", "O0", "S", "H1",
-                                                   "H2", "O", "Sv", "H1v", "H2v", "G")])
+                                                   "H2", "O", "Sv", "H1v", "H2v", "G", "rn")])
 
 
 _LIB: list = []
@@ -794,24 +801,28 @@ class _Plan:
         gb1 = GH1[:R // 2].sum(0)
         return gW1, gb1, gW2, gb2, gWh, gbh
 
-    def solve(self, model, q_prev, q, q_next, ft, x, params, saved):
+    def solve(self, model, q_prev, q, q_next, ft, x, params, saved, tol: float, max_iter: int, quasi: bool):
         """Newton from ``x (B, n)`` (updated in place); with ``saved = (Sv, H1v, H2v, G)`` also the backward
-        pass's rows. Returns ``(status, iterations, acc)``."""
+        pass's rows; ``quasi``: the first step of each sample without the network's second derivatives.
+        Returns ``(status, iterations, acc, rn)``: per sample 1 converged / 2 failed, the steps of the
+        longest, the converged samples' squared errors against ``q_next`` and their number, each
+        sample's final ``max |residual|``."""
         W1, b1, W2, b2, Wh, bh = params
         B, o = self.B, self.o
         W1t = W1.t().contiguous()
         status = torch.zeros(B, dtype=torch.int64)
         acc = torch.zeros(2, dtype=torch.float64)
+        rn = torch.empty(B, dtype=self.dtype)
         cfg, fn = self.cfg, self.fn
         cfg.grad, cfg.h = int(saved is not None), float(model.h)
         cfg.bh, cfg.q_prev, cfg.q, cfg.q_next, cfg.x = (t.data_ptr() for t in (bh, q_prev, q, q_next, x))
-        cfg.status, cfg.acc = status.data_ptr(), acc.data_ptr()
+        cfg.status, cfg.acc, cfg.rn = status.data_ptr(), acc.data_ptr(), rn.data_ptr()
         cfg.iters = self.iters.data_ptr()
         if saved is not None:
             cfg.Sv, cfg.H1v, cfg.H2v, cfg.G = (t.data_ptr() for t in saved)
         ref, net = self.ref, (W1t, b1, W2, b2, Wh)
         self.network(self.K1, B, None, q_prev.data_ptr(), q.data_ptr(), self.S0, self.Z10, self.Z20, self.O0, *net)
-        fn["known"](ref, ft.data_ptr(), self.c.data_ptr(), self.tolb.data_ptr(), float(model.tol),
+        fn["known"](ref, ft.data_ptr(), self.c.data_ptr(), self.tolb.data_ptr(), float(tol),
                     float(torch.finfo(self.dtype).eps))
         idx, idx2 = self.idx, self.idx2
         idx.copy_(self.idx0)
@@ -824,23 +835,24 @@ class _Plan:
                 # quadratic term (the network's second derivatives weigh h^2/4 against the inertia), measured: the
                 # same iterations per solve. Rows that converge here take the exact one (their adjoint needs it),
                 # and from the third step on every row does.
-                ns = fn["rev_a"](ref, Ba, idx.data_ptr(), int(it >= QUASI_NEWTON_STEPS), self.Pr.data_ptr(),
+                ns = fn["rev_a"](ref, Ba, idx.data_ptr(), int(it >= (QUASI_NEWTON_STEPS if quasi else 0)),
+                                 self.Pr.data_ptr(),
                                  self.coef.data_ptr(), self.sel.data_ptr())
                 e2, e1 = self.E2[:ns], self.E1[:ns]
                 if ns:
                     torch.mm(self.coef[:ns * o].view(ns, o), Wh, out=e2)
                     fn["rev_b"](ref, Ba, self.sel.data_ptr(), e2.data_ptr(), self.Pr.data_ptr(), self.tmp.data_ptr())
                     torch.mm(e2, W2, out=e1)
-                Ba = fn["rev_c"](ref, Ba, it, model.max_iter, self.sel.data_ptr(), idx.data_ptr(), idx2.data_ptr(),
+                Ba = fn["rev_c"](ref, Ba, it, max_iter, self.sel.data_ptr(), idx.data_ptr(), idx2.data_ptr(),
                                  self.E1.data_ptr(), W1.data_ptr(), self.col.data_ptr(), self.scol.data_ptr(),
                                  self.Pr.data_ptr(), self.tmp.data_ptr())
             else:
-                Ba = fn["newton"](ref, Ba, it, model.max_iter, idx.data_ptr(), idx2.data_ptr())
+                Ba = fn["newton"](ref, Ba, it, max_iter, idx.data_ptr(), idx2.data_ptr())
             if Ba == 0:
                 break
             idx, idx2 = idx2, idx
             it += 1
-        return status, it, acc
+        return status, it, acc, rn
 
 
 _PLANS: dict = {}
@@ -864,9 +876,9 @@ class _Objective(torch.autograd.Function):
     buffers) and the backward pass only scales it by the incoming gradient."""
 
     @staticmethod
-    def forward(ctx, info, plan, model, q_prev, q, q_next, ft, x, W1, b1, W2, b2, Wh, bh):
-        status, info["iterations"], acc = plan.solve(model, q_prev, q, q_next, ft, x, (W1, b1, W2, b2, Wh, bh),
-                                                     plan.saved)
+    def forward(ctx, info, plan, model, q_prev, q, q_next, ft, x, quasi, W1, b1, W2, b2, Wh, bh):
+        status, info["iterations"], acc, _ = plan.solve(model, q_prev, q, q_next, ft, x, (W1, b1, W2, b2, Wh, bh),
+                                                        plan.saved, model.tol, model.max_iter, quasi)
         n_ok = int(acc[1])
         scale = 1.0 / (n_ok * x.shape[1]) if n_ok else 0.0
         ctx.grads = plan.gradient(scale, W2, Wh)
@@ -880,46 +892,76 @@ class _Objective(torch.autograd.Function):
         grads = ctx.grads
         if not bool(gl == 1):
             grads = tuple(g * gl for g in grads)
-        return (None,) * 8 + grads
+        return (None,) * 9 + grads
 
 
-def native_objective(model, b, x0: Tensor | None):
-    """``E2ESyMo.objective(b, x0)`` by the C code, or ``None`` where it does not apply (see the module)."""
+def _prepare(model, data, x0):
+    """``(plan, params, q_prev, q, ft, x)`` where the C code applies to ``model`` and the samples ``data = (q_prev,
+    q, u_prev, u, u_next)``, else ``None``."""
     net = model.net
     if (kernels._MODE[0] == "never" or model.dissipation is not None or model.line_search or not model.fast_vjp
             or net.n > NMAX or torch._C._are_functorch_transforms_active()):
         return None
     params = net._params()
     dtype = params[0].dtype
-    data = (b.q_prev, b.q, b.q_next, b.u_prev, b.u, b.u_next)
-    B = b.q.shape[0]
-    if (dtype not in _SUFFIX or any(p.dtype != dtype or not p.is_cpu for p in params)
-            or any(t.dtype != dtype or not t.is_cpu or t.dim() != 2 or t.shape[0] != B for t in data)
-            or b.q.shape[1] != net.n or B == 0):
+    q = data[1]
+    B = q.shape[0] if q.dim() == 2 else 0
+    if (dtype not in _SUFFIX or B == 0 or q.shape[1] != net.n
+            or any(p.dtype != dtype or not p.is_cpu for p in params)
+            or any(t.dtype != dtype or not t.is_cpu or t.dim() != 2 or t.shape[0] != B for t in data)):
         return None
-    if x0 is not None and (x0.shape != b.q.shape or x0.dtype != dtype or not x0.is_cpu):
+    if x0 is not None and (x0.shape != q.shape or x0.dtype != dtype or not x0.is_cpu):
         return None
     if library() is None:
         return None
-    q_prev, q, q_next = (t.detach().contiguous() for t in data[:3])
+    q_prev, q = (t.detach().contiguous() for t in data[:2])
     with torch.no_grad():
-        ft = model.tau(b.u_prev + 2 * b.u + b.u_next).mul_(0.25 * model.h).contiguous()
+        u_prev, u, u_next = data[2:]
+        ft = model.tau(u_prev + 2 * u + u_next).mul_(0.25 * model.h).contiguous()
         x = (2 * q - q_prev) if x0 is None else x0.detach().clone(memory_format=torch.contiguous_format)
-    params = tuple(p.contiguous() for p in params)
-    plan = _plan(net, B, dtype)
+    return _plan(net, B, dtype), tuple(p.contiguous() for p in params), q_prev, q, ft, x
+
+
+def native_objective(model, b, x0: Tensor | None):
+    """``E2ESyMo.objective(b, x0)`` by the C code, or ``None`` where it does not apply (see the module)."""
+    prep = _prepare(model, (b.q_prev, b.q, b.u_prev, b.u, b.u_next), x0)
+    if prep is None:
+        return None
+    plan, params, q_prev, q, ft, x = prep
+    q_next = b.q_next.detach().contiguous()
+    if q_next.shape != q.shape:
+        return None
+    B, dtype = q.shape[0], q.dtype
     plan.busy = True  # a solve inside a solve (another thread) gets its own buffers
     try:
         if torch.is_grad_enabled() and any(p.requires_grad for p in params):
             info: dict = {}
-            loss, ok = _Objective.apply(info, plan, model, q_prev, q, q_next, ft, x, *params)
+            loss, ok = _Objective.apply(info, plan, model, q_prev, q, q_next, ft, x, x0 is None, *params)
             it = info["iterations"]
         else:
             with torch.no_grad():
-                status, it, acc = plan.solve(model, q_prev, q, q_next, ft, x, params, None)
+                status, it, acc, _ = plan.solve(model, q_prev, q, q_next, ft, x, params, None, model.tol,
+                                                model.max_iter, x0 is None)
             n_ok = int(acc[1])
             ok = status == 1
-            loss = torch.tensor(float(acc[0]) / (n_ok * net.n) if n_ok else 0.0, dtype=dtype)
+            loss = torch.tensor(float(acc[0]) / (n_ok * model.n) if n_ok else 0.0, dtype=dtype)
     finally:
         plan.busy = False
     n_ok = int(ok.sum())
     return loss, {"q": x, "converged": ok, "iterations": it, "failures": B - n_ok}
+
+
+def native_solve(model, q_prev, q, u_prev, u, u_next, x0: Tensor | None, tol: float, max_iter: int):
+    """The DEL residual's root without gradients by the C code (SyMo and E2E-SyMo ``solve``): ``(x, converged,
+    residual_norm, iterations)``, or ``None`` where it does not apply."""
+    prep = _prepare(model, (q_prev, q, u_prev, u, u_next), x0)
+    if prep is None:
+        return None
+    plan, params, q_prev, q, ft, x = prep
+    plan.busy = True
+    try:
+        with torch.no_grad():
+            status, it, _, rn = plan.solve(model, q_prev, q, q, ft, x, params, None, tol, max_iter, x0 is None)
+    finally:
+        plan.busy = False
+    return x, status == 1, rn, it

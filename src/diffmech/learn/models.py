@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from ..errors import ShapeError
 from ..implicit import NewtonStatus, newton_solve
 from .data import StepSamples
-from .e2e_native import native_objective
+from .e2e_native import native_objective, native_solve
 from .networks import MLP, AngleEmbedding, LagrangianNet
 
 __all__ = ["LearnedDynamics", "NODE", "LNODE", "SyMo", "E2ESyMo", "Prediction", "Rollout", "build_model",
@@ -437,10 +437,18 @@ class _DELModel(LearnedDynamics):
         gradients: the Jacobian at the root comes free for the implicit backward pass) or ``"chord"``
         (default without). The batch iterates together for at most ``straggler_iter`` iterations;
         samples still unconverged then continue alone, so a few slow ones do not cost whole-batch
-        evaluations.
+        evaluations. Without gradients on the CPU the C code of :mod:`~diffmech.learn.e2e_native` solves
+        instead (:func:`~diffmech.learn.e2e_native.native_solve`: per-sample Newton, the same roots to
+        the tolerance) where it applies.
         """
         grad = torch.is_grad_enabled()
         params = [p for p in self.parameters() if p.requires_grad] if grad else []
+        if not params and update in (None, "chord"):
+            fast = native_solve(self, q_prev, q, u_prev, u, u_next, x0, self.tol if tol is None else tol,
+                                self.max_iter if max_iter is None else max_iter)
+            if fast is not None:
+                x, ok, rn, it = fast
+                return x, NewtonStatus(ok, rn, it)
         # with gradients, keep the network's jets at the first midpoint and at the root for the backward pass
         self.net.record_jets(bool(params) and self.fast_vjp)
         with torch.no_grad():
