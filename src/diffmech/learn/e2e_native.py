@@ -51,10 +51,11 @@ from ..dynamics.kernel_store import NativeUnavailable, load_kernel
 __all__ = ["library", "native_objective", "native_solve", "NMAX", "QUASI_NEWTON_STEPS"]
 
 NMAX = 6  # degrees of freedom the C code holds on its stack; more: the torch code
-# n >= 2, solves from the seed's guess: the first Newton steps of a sample that use the Jacobian without the
-# network's second derivatives (see _Plan.solve; the Jacobian at the root is always exact); 0: every step exact.
-# Not for warm starts: near the root that Jacobian's error dominates the step's (measured: 1.02 -> 1.2-1.3
-# iterations per solve in cart-pole training)
+# n >= 2, the training objective from the seed's guess: the first Newton steps of a sample that use the Jacobian
+# without the network's second derivatives (see _Plan.solve; the Jacobian at the root is always exact); 0: every
+# step exact. Not for warm starts (near the root that Jacobian's error dominates the step's; measured: 1.02 ->
+# 1.2-1.3 iterations per solve in cart-pole training), nor for solves without gradients (rollouts at the seed's
+# tolerance 1e-4 accept its less accurate step: 500-step integration errors 0.19 instead of 0.107)
 QUASI_NEWTON_STEPS = 1
 
 _TANH = r"""
@@ -755,10 +756,7 @@ class _Plan:
         self.Pr, self.coef = torch.empty(B * (n + n * n), **f), torch.empty(B * o, **f)
         self.sel = torch.empty(B, **i64)
         self.E2, self.E1 = torch.empty(B, w, **f), torch.empty(B, w, **f)
-        # the backward pass's rows (2, 2B, .): (value, derivative along the adjoint) at both midpoints
-        self.saved = (torch.empty(2, 2 * B, m, **f), torch.empty(2, 2 * B, w, **f), torch.empty(2, 2 * B, w, **f),
-                      torch.empty(2, 2 * B, o, **f))
-        self.GH, self.GH1 = torch.empty(4 * B, w, **f), torch.empty(4 * B, w, **f)
+        self._grad_buffers: tuple | None = None
         self.cfg = _Cfg(B=B, n=n, o=o, m=m, w=w, paper=int(n == 1 and net.inertia_kind == "paper"), K1=K1, K2=K2,
                         h=0.0, epsl=float(net.eps), pj=self.pj.data_ptr(), pk=self.pk.data_ptr(),
                         c=self.c.data_ptr(), tolb=self.tolb.data_ptr(), S0=self.S0.data_ptr(),
@@ -766,6 +764,18 @@ class _Plan:
                         H1=self.Z1.data_ptr(), H2=self.Z2.data_ptr(), O=self.O.data_ptr())
         self.ref = ctypes.byref(self.cfg)
         self.busy = False
+
+    @property
+    def saved(self) -> tuple[Tensor, ...]:
+        """The gradient's buffers, made on first use (solves without gradients do not need them): the backward
+        rows ``(Sv, H1v, H2v, G)`` (2, 2B, .) -- (value, derivative along the adjoint) at both midpoints -- and
+        the reverse pass's ``(GH, GH1)`` (4B, w)."""
+        if self._grad_buffers is None:
+            B, m, w, o, f = self.B, self.m, self.w, self.o, dict(dtype=self.dtype)
+            self._grad_buffers = (torch.empty(2, 2 * B, m, **f), torch.empty(2, 2 * B, w, **f),
+                                  torch.empty(2, 2 * B, w, **f), torch.empty(2, 2 * B, o, **f),
+                                  torch.empty(4 * B, w, **f), torch.empty(4 * B, w, **f))
+        return self._grad_buffers[:4]
 
     def network(self, K, Ba, idx, A, Bq, S, Z1, Z2, O, W1t, b1, W2, b2, Wh):
         """The network on the jets (``K`` components) of ``Ba`` midpoints ``(A + Bq) / 2`` (rows ``idx``, a
@@ -790,7 +800,7 @@ class _Plan:
             Gf.mul_(scale)
         gWh = Gf.T @ H2v.view(R, w)
         gbh = Gf[:R // 2].sum(0)
-        GH, GH1 = self.GH, self.GH1
+        GH, GH1 = self._grad_buffers[4:]
         torch.mm(Gf, Wh, out=GH)
         self.fn["back_tanh"](R // 2, w, GH.data_ptr(), H2v.data_ptr())
         gW2 = GH.T @ H1v.view(R, w)
@@ -858,13 +868,18 @@ class _Plan:
 _PLANS: dict = {}
 
 
+_KEEP_ROWS = 8192  # plans of larger batches are not kept (their buffers hold tens of megabytes)
+
+
 def _plan(net, B: int, dtype) -> _Plan:
     key = (net.n, net.embed.angle_mask, net.width, net.inertia_kind, float(net.eps), B, dtype)
     plan = _PLANS.get(key)
     if plan is None or plan.busy:
-        if len(_PLANS) > 16:
-            _PLANS.clear()
-        plan = _PLANS[key] = _Plan(net, B, dtype)
+        plan = _Plan(net, B, dtype)
+        if B <= _KEEP_ROWS:
+            if len(_PLANS) >= 16:
+                _PLANS.clear()
+            _PLANS[key] = plan
     return plan
 
 
@@ -961,7 +976,9 @@ def native_solve(model, q_prev, q, u_prev, u, u_next, x0: Tensor | None, tol: fl
     plan.busy = True
     try:
         with torch.no_grad():
-            status, it, _, rn = plan.solve(model, q_prev, q, q, ft, x, params, None, tol, max_iter, x0 is None)
+            # exact Newton steps: at a loose tolerance (the seed's rollouts: 1e-4) a quasi-Newton first step is
+            # accepted where the exact one lands far below it, and 500-step rollouts inherit the difference
+            status, it, _, rn = plan.solve(model, q_prev, q, q, ft, x, params, None, tol, max_iter, False)
     finally:
         plan.busy = False
     return x, status == 1, rn, it
