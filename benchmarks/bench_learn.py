@@ -229,6 +229,21 @@ def median_ms(fn, repeats: int, warmup: int = 3) -> tuple[float, float]:
     return statistics.median(ts), statistics.median(cs)
 
 
+def cpu_name() -> str:
+    """The CPU's model name where ``/proc/cpuinfo`` tells it, else the machine type."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def pass_ms() -> float:
+    """Median ms of one pass at B = 512, w = 256: ``torch.mm`` of (512, 256) by (256, 256), float32."""
+    a, w, out = torch.randn(512, 256), torch.randn(256, 256), torch.empty(512, 256)
+    return median_ms(lambda: torch.mm(a, w, out=out), 200, 20)[0]
+
+
 def measure(system_name: str, B: int, repeats: int) -> dict:
     system = get_system(system_name)
     p = system.preset
@@ -398,13 +413,16 @@ def write_md(rows: list[dict], meta: dict) -> None:
         "6); the implicit backward pass two products on 4 B rows (8 / 8). Only the rows still iterating are "
         "evaluated: on the cart-pole at B = 512 from the initial weights, 238 samples converge after one "
         "Newton step and 274 after two, so the three evaluations take 3 + 4 + 2.1 passes and the step 20.1 "
-        "(pendulum: at most 19). At B = 512 and w = 256 one pass is 67 MFLOP, ~0.66 ms on one core of this machine "
-        "(~100 GFLOP/s): ~13 ms"
+        "(pendulum: at most 19). At B = 512 and w = 256 one pass is 67 MFLOP"
+        + (f", {meta['pass_ms']:.2f} ms on one core in this run ({67.1 / meta['pass_ms']:.0f} GFLOP/s, "
+           f"`torch.mm` alone): {20.1 * meta['pass_ms']:.1f} ms" if meta.get("pass_ms") else "")
         + (f" of the {cp512['diffmech_ms']:.1f} ms step; 5x the reference-style step allows "
-           f"{cp512['ref_ms'] / TARGET_RATIO:.0f} ms" if cp512 else "")
-        + ". A profile of that step (`perf record`, 4 s of steps): MKL's kernel 66 %, its packing and "
-        "scaling 10 %, the C code 12 %, Python 3 %. The reference-style step's time varies between runs "
-        "(cart-pole, B = 512: 101 to 130 ms on 2026-11-28/29), so this cell's ratio does too; the column of "
+           f"{cp512['ref_ms'] / TARGET_RATIO:.1f} ms" if cp512 else "")
+        + ". A profile of that step (`perf record -p PID -- sleep 4` on a loop of steps, 2026-11-29): MKL's "
+        "kernels 56 %, its packing 7 %, the C code 21 % (the tanh jets 6 %, copying rows for the backward pass "
+        "3 %), Python and torch's bindings 7 %. The reference-style step's time varies between runs and "
+        "machines (cart-pole, B = 512: 101 to 130 ms on 2026-11-28, ratio 5.3x; this run: another machine of "
+        "the same kind), so this cell's ratio does too; the column of "
         "exact Newton steps shows what the quasi-Newton first step gains. Tried and not kept: (1) in the "
         "torch code, first-order evaluations with the last exact second-derivative term of "
         "the Jacobian at iterates predicted not to converge: the saved passes went into extra iterations "
@@ -460,8 +478,8 @@ def main(argv=None) -> int:
     if args.quick:
         return 0
     load = os.getloadavg()
-    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "torch": torch.__version__,
-            "threads": 1, "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+    meta = {"pass_ms": pass_ms(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "torch": torch.__version__, "threads": 1, "cpu": cpu_name(), "cpus": os.cpu_count(),
             "c_code": library() is not None,
             "loadavg_at_start": load0, "loadavg_at_end": load, "repeats": repeats}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

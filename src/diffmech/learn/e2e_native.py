@@ -967,8 +967,14 @@ def native_objective(model, b, x0: Tensor | None):
 
 
 def native_solve(model, q_prev, q, u_prev, u, u_next, x0: Tensor | None, tol: float, max_iter: int):
-    """The DEL residual's root without gradients by the C code (SyMo and E2E-SyMo ``solve``): ``(x, converged,
-    residual_norm, iterations)``, or ``None`` where it does not apply."""
+    """The DEL residual's root without gradients by the C code (SyMo and E2E-SyMo ``solve``), exact Newton steps.
+
+    ``q_prev, q``: ``(B, n)`` positions at steps k-1 and k (rad for angles, m otherwise); ``u_prev, u, u_next``:
+    ``(B, m)`` controls at k-1, k, k+1; ``x0``: ``(B, n)`` initial guess or ``None`` (the seed's ``2 q - q_prev``);
+    ``tol``: step-size tolerance; ``max_iter``: Newton iterations at most. Returns ``(x, converged,
+    residual_norm, iterations)`` -- ``x`` ``(B, n)`` the positions at k+1, ``converged`` ``(B,)`` bool,
+    ``residual_norm`` ``(B,)`` each sample's final max |residual| -- or ``None`` where the C code does not
+    apply (see the module)."""
     prep = _prepare(model, (q_prev, q, u_prev, u, u_next), x0)
     if prep is None:
         return None
