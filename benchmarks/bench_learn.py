@@ -12,7 +12,7 @@ diffmech's step is :class:`diffmech.learn.E2ESyMo`'s objective, which on the CPU
 :mod:`diffmech.learn.e2e_native`: the matrix products in torch, everything between them in C (the
 network's jets, per-sample Newton with the residual and Jacobian from first-order jets and one reverse
 pass, the adjoint at the root and the implicit backward pass's rows). Also timed in the same run: the
-torch code (``diffmech.native_mode("never")``: second-order jets computed in place, batched Newton in
+torch code (``diffmech.dynamics.kernels.native_mode("never")``: second-order jets computed in place, batched Newton in
 :func:`diffmech.implicit.newton_solve`, the directional vector-Jacobian product through a hand-written
 reverse pass). All start from the seed's guess ``2 q_k - q_{k-1}``, with the same
 weights (``torch.manual_seed(230)``), data (the seed's training samples) and tolerance (1e-5,
@@ -49,7 +49,6 @@ sys.path.insert(0, os.path.join(ROOT, "src"))
 
 from diffmech.dynamics.kernels import native_mode  # noqa: E402
 from diffmech.learn import E2ESyMo, e2e_native, get_system, make_dataset, step_samples  # noqa: E402
-from diffmech.learn.e2e_native import library  # noqa: E402
 
 MARK_START, MARK_END = "<!-- bench_learn:start -->", "<!-- bench_learn:end -->"
 # The seed's code measured on this machine (issue 11): ms per step at B = 32 / 128 / 512, 1 thread.
@@ -453,7 +452,7 @@ def main(argv=None) -> int:
     ap.add_argument("--from-json", metavar="FILE", help="write BENCHMARKS.md's section from a results file; no run")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    if library() is None:
+    if e2e_native.library() is None:
         print("warning: the C code of diffmech.learn.e2e_native cannot be built here (no C compiler); "
               "diffmech's cells time the torch code", file=sys.stderr)
     load0 = os.getloadavg()
@@ -481,7 +480,7 @@ def main(argv=None) -> int:
     load = os.getloadavg()
     meta = {"pass_ms": pass_ms(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "torch": torch.__version__, "threads": 1, "cpu": cpu_name(), "cpus": os.cpu_count(),
-            "c_code": library() is not None,
+            "c_code": e2e_native.library() is not None,
             "loadavg_at_start": load0, "loadavg_at_end": load, "repeats": repeats}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:

@@ -841,13 +841,13 @@ class _Plan:
         while True:
             self.network(self.K2, Ba, idx.data_ptr(), qp, xp, self.S, self.Z1, self.Z2, self.O, *net)
             if self.reverse:
-                # Newton steps far from the root (the first two) need no exact Jacobian: their error is Newton's
-                # quadratic term (the network's second derivatives weigh h^2/4 against the inertia), measured: the
-                # same iterations per solve. Rows that converge here take the exact one (their adjoint needs it),
-                # and from the third step on every row does.
-                ns = fn["rev_a"](ref, Ba, idx.data_ptr(), int(it >= (QUASI_NEWTON_STEPS if quasi else 0)),
-                                 self.Pr.data_ptr(),
-                                 self.coef.data_ptr(), self.sel.data_ptr())
+                # the first QUASI_NEWTON_STEPS steps (with quasi) need no exact Jacobian: that far from the root
+                # the step's error is Newton's quadratic term (the network's second derivatives weigh h^2/4 against
+                # the inertia). Rows that converge here take the exact one (their adjoint needs it), and after
+                # those steps every row does.
+                exact_all = int(it >= (QUASI_NEWTON_STEPS if quasi else 0))
+                ns = fn["rev_a"](ref, Ba, idx.data_ptr(), exact_all, self.Pr.data_ptr(), self.coef.data_ptr(),
+                                 self.sel.data_ptr())
                 e2, e1 = self.E2[:ns], self.E1[:ns]
                 if ns:
                     torch.mm(self.coef[:ns * o].view(ns, o), Wh, out=e2)
