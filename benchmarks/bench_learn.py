@@ -9,9 +9,10 @@ parameters, and the implicit-function-theorem backward as a custom identity whos
 ``g -> -g^T J^{-1}`` (the Jacobian rebuilt row by row on the copy).
 
 diffmech's step is :class:`diffmech.learn.E2ESyMo`'s objective, which on the CPU runs
-:mod:`diffmech.learn.e2e_native`: the matrix products in torch, everything between them in C (the
-network's jets, per-sample Newton with the residual and Jacobian from first-order jets and one reverse
-pass, the adjoint at the root and the implicit backward pass's rows). Also timed in the same run: the
+:mod:`diffmech.learn.e2e_native`: one C call for the solve and one for the gradient, the matrix products by
+the BLAS ``torch.mm`` uses, everything between them in C (the network's jets, per-sample Newton with the
+residual and Jacobian from first-order jets and one reverse pass, the adjoint at the root and the implicit
+backward pass's rows). Also timed in the same run: the
 torch code (``diffmech.dynamics.kernels.native_mode("never")``: second-order jets computed in place, batched Newton in
 :func:`diffmech.implicit.newton_solve`, the directional vector-Jacobian product through a hand-written
 reverse pass). All start from the seed's guess ``2 q_k - q_{k-1}``, with the same
@@ -379,8 +380,9 @@ def write_md(rows: list[dict], meta: dict) -> None:
         "autograd, `torch.inverse`, batch-wide RMS stopping rule, solve on a `copy.deepcopy` of the network, "
         "identity layer whose backward maps `g -> -g^T J^-1` with the Jacobian rebuilt on the copy, default "
         "Adam). *diffmech*: `diffmech.learn.E2ESyMo.objective`, which on the CPU runs "
-        "`diffmech.learn.e2e_native`: the matrix products in torch (MKL), everything between them in C -- the "
-        "network's jets (first layer, `tanh` and its chain rule), per-sample Newton (only the rows still "
+        "`diffmech.learn.e2e_native`: one C call for the solve and one for the gradient, the products with the "
+        "hidden layer by the BLAS `torch.mm` uses (MKL's `sgemm_`), everything between them in C -- the "
+        "network's jets (first layer, `tanh` and its chain rule, the heads), per-sample Newton (only the rows still "
         "iterating are evaluated) with the residual and the Jacobian from first-order jets plus one reverse "
         "pass for the second-derivative term (n >= 2; second-order jets for n = 1; a sample's first step "
         "without that term, a quasi-Newton step: the Jacobian of every later step and at the root is exact), "

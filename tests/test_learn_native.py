@@ -201,6 +201,36 @@ def test_where_it_applies():
         assert native_objective(E2ESyMo((False, True), 0.1, 8).double(), b, None) is None
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_scipy_blas_where_torch_exports_none(monkeypatch, dtype):
+    """The C code's products through SciPy's BLAS (the fallback where libtorch_cpu exports no ``?gemm_``, as in
+    non-MKL builds): the loss and gradient of torch's BLAS, for both precisions and both Newton variants."""
+    scipy_gemm, torch_gemm = e2e_native._scipy_gemm(), dict(e2e_native._GEMM)
+    assert scipy_gemm is not None and all(scipy_gemm.values())
+    b = _batch(3, B=40, seed=5, dtype=dtype)
+
+    def run(mask, gemm):
+        monkeypatch.setattr(e2e_native, "_GEMM", gemm)
+        monkeypatch.setattr(e2e_native, "_PLANS", {})
+        torch.manual_seed(3)
+        m = E2ESyMo(mask, 0.1, 24, tol=1e-11 if dtype == torch.float64 else 1e-5, max_iter=30).to(dtype)
+        with native_mode("auto"):
+            loss, info = m.objective(b)
+        return loss.detach(), info["q"], torch.autograd.grad(loss, list(m.parameters()))
+
+    rtol = 1e-10 if dtype == torch.float64 else 1e-4
+    for mask in [(False, True, True), (True, False, False)]:  # reverse-pass Newton and the jets' own (n = 1 below)
+        (la, qa, ga), (ls, qs, gs) = run(mask, torch_gemm), run(mask, scipy_gemm)
+        assert torch.allclose(la, ls, rtol=rtol) and torch.allclose(qa, qs, rtol=0, atol=100 * rtol)
+        for a, c in zip(ga, gs):
+            assert torch.allclose(a, c, rtol=rtol, atol=rtol * float(a.abs().max()))
+    b = _batch(1, B=40, seed=5, dtype=dtype)
+    (la, _, ga), (ls, _, gs) = run((True,), torch_gemm), run((True,), scipy_gemm)
+    assert torch.allclose(la, ls, rtol=rtol)
+    for a, c in zip(ga, gs):
+        assert torch.allclose(a, c, rtol=rtol, atol=rtol * float(a.abs().max()))
+
+
 @pytest.mark.parametrize("mask", [(False, True), (True, True, False)])
 def test_quasi_newton_first_step_finds_the_same_root_and_gradient(mask):
     """The default first Newton step without the network's second derivatives (n >= 2): the root to the

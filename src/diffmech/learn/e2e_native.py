@@ -3,11 +3,14 @@
 :meth:`E2ESyMo.objective <diffmech.learn.models.E2ESyMo.objective>` in torch is a few hundred small
 tensor operations per step: on the seed's batch sizes the per-operation cost rules at B = 32 and the
 elementwise work on the jet stacks (values with first and second derivatives, ``(K, B, w)``) costs
-more than the matrix products at B = 512. Here the products with the hidden layer stay with torch (its
-BLAS) and everything between them is one C call each:
+more than the matrix products at B = 512. Here a solve is one C call (``del_solve``) and the gradient
+another (``del_gradient``); the products with the hidden layer go to the BLAS that ``torch.mm`` uses
+(``sgemm_``/``dgemm_`` exported by ``libtorch_cpu`` in MKL builds; else SciPy's, through
+``scipy.linalg.cython_blas``) and everything between them is C:
 
 - ``layer1``: the angle embedding of the midpoints, the first layer and ``tanh`` with their jets, for
-  the rows still iterating; ``tanh_jet``: the same for the second layer after its product;
+  the rows still iterating; ``tanh_heads``: the same for the second layer after its product, and the
+  heads' product of each row while it is in cache (a BLAS product with ``o <= 22`` columns mostly copies);
 - ``known``: the residual's part that does not depend on ``q_next`` (``D2 L_d(q_prev, q) + f``) and
   the per-sample tolerance, from the first midpoint's first-order jets;
 - per Newton evaluation and sample: the residual and its Jacobian, the convergence test, the Newton
@@ -17,7 +20,7 @@ BLAS) and everything between them is one C call each:
   (``rev_a``, ``rev_b``, ``rev_c``) from first-order jets plus one reverse pass: the network's second
   derivatives enter the Jacobian only through the Hessian of one weighted sum of the heads, one
   product with the hidden layer instead of ``n (n + 1) / 2``;
-- ``back_tanh``: the reverse of ``tanh`` on (value, direction) rows.
+- ``back_tanh_sum``: the reverse of ``tanh`` on (value, direction) rows and the bias's gradient, one pass.
 
 The loss is a fixed function of the roots, so the parameter gradient is computed in the forward call
 (two products per layer on 4 B rows: two midpoints, value and direction; the computation of the torch
@@ -31,16 +34,18 @@ adjoint uses, are exact.
 
 :func:`native_solve` is the same solve without gradients, for ``solve`` (``predict``, rollouts, the
 training loop's test objective). Used by ``E2ESyMo.objective`` and ``SyMo``/``E2ESyMo.solve`` on the
-CPU (float32, float64) when the model has no dissipation and no
-line search; built once per machine (one small C file); where it cannot be, or under
-``native_mode("never")`` of :mod:`diffmech.dynamics.kernels`, the torch code runs. ``tanh`` is
+CPU (float32, float64) when the model has no dissipation and no line search; built once per machine
+(one small C file); where it cannot be (no C compiler, no BLAS found), or under ``native_mode("never")``
+of :mod:`diffmech.dynamics.kernels`, the torch code runs. ``tanh`` is
 evaluated through a vectorisable ``expm1`` (Taylor polynomial after range reduction).
 """
 
 from __future__ import annotations
 
 import ctypes
+import glob
 import hashlib
+import os
 
 import torch
 from torch import Tensor
@@ -111,20 +116,49 @@ struct del_cfg {
     int64_t B, n, o, m, w, paper, K1, K2, grad;
     double h, epsl;
     const int64_t *pj, *pk;
-    const void *bh, *q_prev, *q, *q_next, *c, *tolb;
-    void *x;
+    const void *bh, *q_prev, *q, *q_next;
+    void *c, *tolb, *x;
     int64_t *status, *iters;
     double *acc;
-    const void *S0, *H10, *H20, *O0;      /* the first midpoint's first-order jets (K1, B, .) */
-    const void *S, *H1, *H2, *O;          /* this iteration's second-order jets (K2, Ba, .) */
+    void *S0, *H10, *H20, *O0;            /* the first midpoint's first-order jets (K1, B, .) */
+    void *S, *H1, *H2, *O;                /* this iteration's jets (K2, Ba, .) */
     void *Sv, *H1v, *H2v, *G;             /* the backward pass's rows (2, 2B, .) */
     void *rn;                             /* each sample's final max |residual| (B) */
+    int64_t max_iter, quasi, reverse;     /* quasi: the quasi-Newton steps of each sample (see _Plan.solve) */
+    double tol, eps_mach;
+    void *gemm;                           /* the Fortran-interface BLAS ?gemm of this precision */
+    const void *W1t, *b1, *W2, *b2, *Wh, *ft;
+    const int64_t *col, *scol;
+    int64_t *idx, *idx2, *sel;
+    void *Pr, *coef, *E2, *E1, *tmp, *GH, *GH1, *wacc;
+    void *gW1, *gb1, *gW2, *gb2, *gWh, *gbh;  /* the parameter gradient (del_gradient) */
 };
 """
 
 _TEMPLATE = r"""
 static inline REAL softplus_SUFFIX(REAL z) { return z > 20 ? z : LOG1P(EXP(z)); }
 static inline REAL sigmoid_SUFFIX(REAL z) { return 1 / (1 + EXP(-z)); }
+
+typedef void (*gemm_SUFFIX_t)(const char *, const char *, const int *, const int *, const int *, const REAL *,
+                              const REAL *, const int *, const REAL *, const int *, const REAL *, REAL *,
+                              const int *);
+
+/* Row-major C (M, w) = A (M, w) W2^T (bt) or A W2, W2 (w, w): the column-major BLAS computes C^T = op(W2)^T A^T
+   on the same memory. */
+static void mm_SUFFIX(const struct del_cfg *d, int64_t M, const REAL *A, int bt, REAL *C) {
+    if (M <= 0) return;
+    int w = (int)d->w, nn = (int)M;
+    REAL one = 1, zero = 0;
+    ((gemm_SUFFIX_t)d->gemm)(bt ? "T" : "N", "N", &w, &nn, &w, &one, (const REAL *)d->W2, &w, A, &w, &zero, C, &w);
+}
+
+/* Row-major C (M, N) = A^T B for A (R, M), B (R, N). */
+static void mm_tn_SUFFIX(const struct del_cfg *d, int64_t M, int64_t N, int64_t R, const REAL *A, const REAL *Bm,
+                         REAL *C) {
+    int mm = (int)N, nn = (int)M, kk = (int)R, lda = (int)N, ldb = (int)M, ldc = (int)N;
+    REAL one = 1, zero = 0;
+    ((gemm_SUFFIX_t)d->gemm)("N", "T", &mm, &nn, &kk, &one, Bm, &lda, A, &ldb, &zero, C, &ldc);
+}
 
 /* One row of a layer's pre-activation jets (comps M apart, K = 1 + n (+ pairs pj, pk)), in place: the bias
    added to the value, then tanh with the first- and second-order chain rule. tmp: 2 w scratch. */
@@ -148,18 +182,51 @@ static void tanh_row_SUFFIX(int64_t K, int64_t n, int64_t M, int64_t w, REAL *Z,
     }
 }
 
-/* tanh_row on every row of Z (K, rows, w). */
-void tanh_jet_SUFFIX(int64_t K, int64_t n, int64_t rows, int64_t w, REAL *Z, const REAL *bias,
-                     const int64_t *pj, const int64_t *pk, REAL *tmp) {
-    for (int64_t b = 0; b < rows; b++) tanh_row_SUFFIX(K, n, rows * w, w, Z + b * w, bias, pj, pk, tmp);
+/* tanh_row on every row of Z (K, rows, w), then the heads of each row while it is in cache: O (K, rows, o) =
+   Z Wh^T (Wh (o, w); the heads' bias is added where they are read). A product with o <= 22 columns is mostly the
+   BLAS copying Z. */
+static void tanh_heads_SUFFIX(int64_t K, int64_t n, int64_t rows, int64_t w, int64_t o, REAL *Z, const REAL *bias,
+                              const REAL *Wh, REAL *O, const int64_t *pj, const int64_t *pk, REAL *tmp) {
+    int64_t M = rows * w, Mo = rows * o;
+    for (int64_t b = 0; b < rows; b++) {
+        tanh_row_SUFFIX(K, n, M, w, Z + b * w, bias, pj, pk, tmp);
+        for (int64_t c = 0; c < K; c++) {
+            const REAL *z = Z + c * M + b * w;
+            REAL *oc = O + c * Mo + b * o;
+            int64_t k = 0;
+            for (; k + 4 <= o; k += 4) {  /* four heads at a time: four independent sums hide the FMA latency */
+                const REAL *w0 = Wh + k * w, *w1 = w0 + w, *w2 = w1 + w, *w3 = w2 + w;
+                REAL s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma omp simd reduction(+:s0, s1, s2, s3)
+                for (int64_t u = 0; u < w; u++) {
+                    REAL zu = z[u];
+                    s0 += zu * w0[u];
+                    s1 += zu * w1[u];
+                    s2 += zu * w2[u];
+                    s3 += zu * w3[u];
+                }
+                oc[k] = s0;
+                oc[k + 1] = s1;
+                oc[k + 2] = s2;
+                oc[k + 3] = s3;
+            }
+            for (; k < o; k++) {
+                const REAL *wk = Wh + k * w;
+                REAL s0 = 0;
+#pragma omp simd reduction(+:s0)
+                for (int64_t u = 0; u < w; u++) s0 += z[u] * wk[u];
+                oc[k] = s0;
+            }
+        }
+    }
 }
 
 /* The first layer on the midpoints (A + Bq)/2 of rows idx (all if idx is NULL): the embedding's jets S
    (K, Ba, m) (translations at col[j]; angles: cos at col[j], sin at scol[j] >= 0), then Z (K, Ba, w) =
    tanh jets of S W1^T + b1 (W1t = W1^T, (m, w)). */
-void layer1_SUFFIX(int64_t Ba, int64_t n, int64_t K, int64_t m, int64_t w, const int64_t *col, const int64_t *scol,
-                   const int64_t *idx, const REAL *A, const REAL *Bq, const REAL *W1t, const REAL *b1,
-                   const int64_t *pj, const int64_t *pk, REAL *S, REAL *Z, REAL *tmp) {
+static void layer1_SUFFIX(int64_t Ba, int64_t n, int64_t K, int64_t m, int64_t w, const int64_t *col,
+                          const int64_t *scol, const int64_t *idx, const REAL *A, const REAL *Bq, const REAL *W1t,
+                          const REAL *b1, const int64_t *pj, const int64_t *pk, REAL *S, REAL *Z, REAL *tmp) {
     int64_t Ms = Ba * m, M = Ba * w;
     for (int64_t b = 0; b < Ba; b++) {
         int64_t i = idx ? idx[b] : b;
@@ -197,19 +264,6 @@ void layer1_SUFFIX(int64_t Ba, int64_t n, int64_t K, int64_t m, int64_t w, const
             }
         }
         tanh_row_SUFFIX(K, n, M, w, Z + b * w, b1, pj, pk, tmp);
-    }
-}
-
-/* The reverse of h = tanh(z), hd = (1 - h^2) zd on (value, direction) rows: GH (2, rows, w) holds the
-   cotangents of (h, hd) and becomes those of (z, zd); H (2, rows, w) holds (h, hd). */
-void back_tanh_SUFFIX(int64_t rows, int64_t w, REAL *GH, const REAL *H) {
-    int64_t M = rows * w;
-    REAL *restrict g0 = GH, *restrict g1 = GH + M;
-    const REAL *h0 = H, *h1 = H + M;
-    for (int64_t e = 0; e < M; e++) {
-        REAL t = 1 - h0[e] * h0[e];
-        g0[e] = t * g0[e] - 2 * h0[e] * h1[e] * g1[e];
-        g1[e] = t * g1[e];
     }
 }
 
@@ -366,7 +420,7 @@ static int solve_SUFFIX(int64_t n, REAL A0[NMAX][NMAX], REAL *b, int trans) {
 
 /* The known part: c = D2 L_d(q_prev, q) + ft and the per-sample tolerance
    max(tol, 2 eps_mach ||H|| (max |q| + 1) / h) from the first midpoint's heads O0 (K1, B, o). */
-void known_SUFFIX(const struct del_cfg *d, const REAL *ft, REAL *c, REAL *tolb, double tol, double eps_mach) {
+static void known_SUFFIX(const struct del_cfg *d, const REAL *ft, REAL *c, REAL *tolb, double tol, double eps_mach) {
     int64_t n = d->n, B = d->B, o = d->o;
     const REAL *qp = (const REAL *)d->q_prev, *q = (const REAL *)d->q, *O = (const REAL *)d->O0;
     REAL h = (REAL)d->h;
@@ -536,8 +590,8 @@ static void velocity_SUFFIX(const struct del_cfg *d, int64_t i, REAL *v) {
 /* One Newton evaluation of the Ba rows idx at iteration it from the heads' second-order jets O (K2, Ba, o)
    (see finish); the rows that iterate on are listed in idx_out, their number returned. acc[0] += squared
    errors of converged rows, acc[1] += their count. */
-int64_t newton_SUFFIX(const struct del_cfg *d, int64_t Ba, int64_t it, int64_t max_iter, const int64_t *idx,
-                      int64_t *idx_out) {
+static int64_t newton_SUFFIX(const struct del_cfg *d, int64_t Ba, int64_t it, int64_t max_iter, const int64_t *idx,
+                             int64_t *idx_out) {
     int64_t n = d->n, o = d->o, na = 0;
     REAL h = (REAL)d->h;
     for (int64_t b = 0; b < Ba; b++) {
@@ -565,8 +619,8 @@ int64_t newton_SUFFIX(const struct del_cfg *d, int64_t Ba, int64_t it, int64_t m
    rev_b: E2 (ns, w) -> E2 * t2 (E1 = that W2 follows), psi's layer-2 term added to Pr;
    rev_c: psi's layer-1 and embedding terms from E1 for the selected rows, then finish (returns the rows that
    iterate on; the others step with rev_a's Jacobian: a quasi-Newton step). */
-int64_t rev_a_SUFFIX(const struct del_cfg *d, int64_t Ba, const int64_t *idx, int64_t all, REAL *Pr, REAL *coef,
-                     int64_t *sel) {
+static int64_t rev_a_SUFFIX(const struct del_cfg *d, int64_t Ba, const int64_t *idx, int64_t all, REAL *Pr, REAL *coef,
+                            int64_t *sel) {
     int64_t n = d->n, o = d->o, PR = n + n * n, ns = 0;
     REAL h = (REAL)d->h;
     const REAL *tolb = (const REAL *)d->tolb;
@@ -595,17 +649,34 @@ int64_t rev_a_SUFFIX(const struct del_cfg *d, int64_t Ba, const int64_t *idx, in
 /* sum_u f_u a_u b_u for the pairs of rows (A + pj M, A + pk M), added with weight s to the symmetric J in pr */
 static void pair_sums_SUFFIX(int64_t n, int64_t w, int64_t M, const REAL *f, const REAL *A, const int64_t *pj,
                              const int64_t *pk, REAL s, REAL *J) {
-    for (int64_t q = 0; q < n * (n + 1) / 2; q++) {
-        const REAL *a = A + (1 + pj[q]) * M, *bb = A + (1 + pk[q]) * M;
-        REAL acc = 0;
-#pragma omp simd reduction(+:acc)
-        for (int64_t u = 0; u < w; u++) acc += f[u] * a[u] * bb[u];
-        J[pj[q] * n + pk[q]] += s * acc;
-        if (pj[q] != pk[q]) J[pk[q] * n + pj[q]] += s * acc;
+    int64_t P = n * (n + 1) / 2;
+    for (int64_t q0 = 0; q0 < P; q0 += 4) {  /* four pairs at a time (the last group padded with its first) */
+        const REAL *a[4], *c[4];
+        for (int64_t t = 0; t < 4; t++) {
+            int64_t q = q0 + t < P ? q0 + t : q0;
+            a[t] = A + (1 + pj[q]) * M;
+            c[t] = A + (1 + pk[q]) * M;
+        }
+        const REAL *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3], *c0 = c[0], *c1 = c[1], *c2 = c[2], *c3 = c[3];
+        REAL s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+#pragma omp simd reduction(+:s0, s1, s2, s3)
+        for (int64_t u = 0; u < w; u++) {
+            REAL fu = f[u];
+            s0 += fu * a0[u] * c0[u];
+            s1 += fu * a1[u] * c1[u];
+            s2 += fu * a2[u] * c2[u];
+            s3 += fu * a3[u] * c3[u];
+        }
+        REAL sv[4] = {s0, s1, s2, s3};
+        for (int64_t t = 0; t < 4 && q0 + t < P; t++) {
+            int64_t q = q0 + t;
+            J[pj[q] * n + pk[q]] += s * sv[t];
+            if (pj[q] != pk[q]) J[pk[q] * n + pj[q]] += s * sv[t];
+        }
     }
 }
 
-void rev_b_SUFFIX(const struct del_cfg *d, int64_t Ba, const int64_t *sel, REAL *E, REAL *Pr, REAL *tmp) {
+static void rev_b_SUFFIX(const struct del_cfg *d, int64_t Ba, const int64_t *sel, REAL *E, REAL *Pr, REAL *tmp) {
     int64_t n = d->n, w = d->w, PR = n + n * n, M = Ba * w;
     REAL q4 = (REAL)0.25 * (REAL)d->h;
     const REAL *H2 = (const REAL *)d->H2;
@@ -623,9 +694,9 @@ void rev_b_SUFFIX(const struct del_cfg *d, int64_t Ba, const int64_t *sel, REAL 
     }
 }
 
-int64_t rev_c_SUFFIX(const struct del_cfg *d, int64_t Ba, int64_t it, int64_t max_iter, const int64_t *sel,
-                     const int64_t *idx, int64_t *idx_out, const REAL *E1, const REAL *W1, const int64_t *col,
-                     const int64_t *scol, REAL *Pr, REAL *tmp) {
+static int64_t rev_c_SUFFIX(const struct del_cfg *d, int64_t Ba, int64_t it, int64_t max_iter, const int64_t *sel,
+                            const int64_t *idx, int64_t *idx_out, const REAL *E1, const REAL *W1t, const int64_t *col,
+                            const int64_t *scol, REAL *Pr, REAL *tmp) {
     int64_t n = d->n, w = d->w, m = d->m, PR = n + n * n, M = Ba * w, na = 0;
     REAL q4 = (REAL)0.25 * (REAL)d->h;
     const REAL *H1 = (const REAL *)d->H1, *S = (const REAL *)d->S;
@@ -646,9 +717,10 @@ int64_t rev_c_SUFFIX(const struct del_cfg *d, int64_t Ba, int64_t it, int64_t ma
         for (int64_t j = 0; j < n && exact; j++) {
             if (scol[j] < 0) continue;
             REAL cs = S[b * m + col[j]], sn = S[b * m + scol[j]], ac = 0, as = 0;
+#pragma omp simd reduction(+:ac, as)
             for (int64_t u = 0; u < w; u++) {
-                ac += et[u] * W1[u * m + col[j]];
-                as += et[u] * W1[u * m + scol[j]];
+                ac += et[u] * W1t[col[j] * w + u];
+                as += et[u] * W1t[scol[j] * w + u];
             }
             Jf[j * n + j] -= q4 * (cs * ac + sn * as);
         }
@@ -659,6 +731,129 @@ int64_t rev_c_SUFFIX(const struct del_cfg *d, int64_t Ba, int64_t it, int64_t ma
         if (finish_SUFFIX(d, Ba, b, i, it, max_iter, pr, J, v)) idx_out[na++] = i;
     }
     return na;
+}
+
+/* The network on the jets (K components) of Ba midpoints (A + Bq)/2 (rows idx, all if NULL): S (K, Ba, m),
+   Z1 -> Z2 (K, Ba, w) (the activations' jets), O (K, Ba, o). */
+static void network_SUFFIX(const struct del_cfg *d, int64_t K, int64_t Ba, const int64_t *idx, const REAL *A,
+                           const REAL *Bq, REAL *S, REAL *Z1, REAL *Z2, REAL *O) {
+    int64_t n = d->n, m = d->m, w = d->w;
+    REAL *tmp = (REAL *)d->tmp;
+    layer1_SUFFIX(Ba, n, K, m, w, d->col, d->scol, idx, A, Bq, (const REAL *)d->W1t, (const REAL *)d->b1, d->pj,
+                  d->pk, S, Z1, tmp);
+    mm_SUFFIX(d, K * Ba, Z1, 1, Z2);
+    tanh_heads_SUFFIX(K, n, Ba, w, d->o, Z2, (const REAL *)d->b2, (const REAL *)d->Wh, O, d->pj, d->pk, tmp);
+}
+
+/* Newton from x for every sample (see the module and _Plan.solve); returns the steps of the longest. */
+int64_t del_solve_SUFFIX(struct del_cfg *d) {
+    int64_t B = d->B, o = d->o, w = d->w;
+    REAL *x = (REAL *)d->x;
+    const REAL *q = (const REAL *)d->q, *Wh = (const REAL *)d->Wh;
+    network_SUFFIX(d, d->K1, B, NULL, (const REAL *)d->q_prev, q, (REAL *)d->S0, (REAL *)d->H10, (REAL *)d->H20,
+                   (REAL *)d->O0);
+    known_SUFFIX(d, (const REAL *)d->ft, (REAL *)d->c, (REAL *)d->tolb, d->tol, d->eps_mach);
+    int64_t *idx = d->idx, *idx2 = d->idx2, Ba = B, it = 0;
+    for (int64_t b = 0; b < B; b++) idx[b] = b;
+    REAL *Pr = (REAL *)d->Pr, *coef = (REAL *)d->coef, *E2 = (REAL *)d->E2, *E1 = (REAL *)d->E1;
+    for (;;) {
+        network_SUFFIX(d, d->K2, Ba, idx, q, x, (REAL *)d->S, (REAL *)d->H1, (REAL *)d->H2, (REAL *)d->O);
+        if (d->reverse) {
+            int64_t ns = rev_a_SUFFIX(d, Ba, idx, it >= d->quasi, Pr, coef, d->sel);
+            for (int64_t r = 0; r < ns; r++) {  /* E2 = coef Wh */
+                REAL *restrict e = E2 + r * w;
+                for (int64_t u = 0; u < w; u++) e[u] = 0;
+                for (int64_t k = 0; k < o; k++) {
+                    REAL ck = coef[r * o + k];
+                    const REAL *wk = Wh + k * w;
+                    for (int64_t u = 0; u < w; u++) e[u] += ck * wk[u];
+                }
+            }
+            if (ns) {
+                rev_b_SUFFIX(d, Ba, d->sel, E2, Pr, (REAL *)d->tmp);
+                mm_SUFFIX(d, ns, E2, 0, E1);
+            }
+            Ba = rev_c_SUFFIX(d, Ba, it, d->max_iter, d->sel, idx, idx2, E1, (const REAL *)d->W1t, d->col, d->scol, Pr,
+                              (REAL *)d->tmp);
+        } else {
+            Ba = newton_SUFFIX(d, Ba, it, d->max_iter, idx, idx2);
+        }
+        if (Ba == 0) return it;
+        int64_t *t = idx;
+        idx = idx2;
+        idx2 = t;
+        it++;
+    }
+}
+
+/* The reverse of h = tanh(z), hd = (1 - h^2) zd on the (value, direction) rows H (2, rows, w), one pass: GH
+   (2, rows, w) receives the cotangents of (z, zd) from those of (h, hd) -- GH itself, or with Gin != NULL the
+   rows of Gin (2, rows, o) Wh (Wh (o, w)) -- and gb (w) the sum of the value rows'. With X (2, rows, a) also
+   acc (a, w) = sum over all rows of X's row (outer) H's row (post = 0) or the new GH row (post = 1): the weight
+   gradients of the layer after (post = 0) or before (post = 1) the activation, while the rows are in cache
+   (as BLAS products with a <= 22 columns these run far below the hardware's rate). */
+static void back_tanh_sum_SUFFIX(int64_t rows, int64_t w, int64_t o, const REAL *Gin, const REAL *Wh, REAL *GH,
+                                 const REAL *H, REAL *gb, int64_t a, const REAL *X, int post, REAL *acc) {
+    int64_t M = rows * w;
+    for (int64_t u = 0; u < w; u++) gb[u] = 0;
+    for (int64_t e = 0; e < a * w; e++) acc[e] = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        REAL *restrict g0 = GH + r * w, *restrict g1 = GH + M + r * w, *restrict s = gb;
+        const REAL *h0 = H + r * w, *h1 = H + M + r * w;
+        if (Gin) {
+            const REAL *c0 = Gin + r * o, *c1 = Gin + (rows + r) * o;
+            for (int64_t u = 0; u < w; u++) g0[u] = g1[u] = 0;
+            for (int64_t k = 0; k < o; k++) {
+                const REAL *wk = Wh + k * w;
+                REAL a0 = c0[k], a1 = c1[k];
+                for (int64_t u = 0; u < w; u++) {
+                    g0[u] += a0 * wk[u];
+                    g1[u] += a1 * wk[u];
+                }
+            }
+        }
+        if (!post)
+            for (int64_t k = 0; k < a; k++) {
+                REAL *restrict ak = acc + k * w;
+                REAL x0 = X[r * a + k], x1 = X[(rows + r) * a + k];
+                for (int64_t u = 0; u < w; u++) ak[u] += x0 * h0[u] + x1 * h1[u];
+            }
+        for (int64_t u = 0; u < w; u++) {
+            REAL t = 1 - h0[u] * h0[u], v = t * g0[u] - 2 * h0[u] * h1[u] * g1[u];
+            g0[u] = v;
+            g1[u] = t * g1[u];
+            s[u] += v;
+        }
+        if (post)
+            for (int64_t k = 0; k < a; k++) {
+                REAL *restrict ak = acc + k * w;
+                REAL x0 = X[r * a + k], x1 = X[(rows + r) * a + k];
+                for (int64_t u = 0; u < w; u++) ak[u] += x0 * g0[u] + x1 * g1[u];
+            }
+    }
+}
+
+/* The parameter gradient (gW1, gb1, gW2, gb2, gWh, gbh) of scale times the weighted residual whose rows
+   (Sv, H1v, H2v, G) the last solve with grad left: the reverse pass of the (value, direction) rows, R = 4 B. */
+void del_gradient_SUFFIX(struct del_cfg *d, double scale) {
+    int64_t R = 4 * d->B, R2 = 2 * d->B, w = d->w, m = d->m, o = d->o;
+    REAL *G = (REAL *)d->G, *GH = (REAL *)d->GH, *GH1 = (REAL *)d->GH1, *gbh = (REAL *)d->gbh;
+    const REAL *Wh = (const REAL *)d->Wh;
+    if (scale != 1)
+        for (int64_t e = 0; e < R * o; e++) G[e] *= (REAL)scale;
+    for (int64_t k = 0; k < o; k++) gbh[k] = 0;
+    for (int64_t r = 0; r < R2; r++)
+        for (int64_t k = 0; k < o; k++) gbh[k] += G[r * o + k];
+    /* GH = G Wh reversed through tanh; gWh = G^T H2v */
+    back_tanh_sum_SUFFIX(R2, w, o, G, Wh, GH, (const REAL *)d->H2v, (REAL *)d->gb2, o, G, 0, (REAL *)d->gWh);
+    mm_tn_SUFFIX(d, w, w, R, GH, (const REAL *)d->H1v, (REAL *)d->gW2);
+    mm_SUFFIX(d, R, GH, 0, GH1);
+    /* GH1 reversed through tanh; gW1^T = Sv^T GH1 (m, w), transposed into gW1 (w, m) */
+    REAL *acc = (REAL *)d->wacc, *gW1 = (REAL *)d->gW1;
+    back_tanh_sum_SUFFIX(R2, w, o, NULL, Wh, GH1, (const REAL *)d->H1v, (REAL *)d->gb1, m, (const REAL *)d->Sv, 1,
+                         acc);
+    for (int64_t u = 0; u < w; u++)
+        for (int64_t k = 0; k < m; k++) gW1[u * m + k] = acc[k * w + u];
 }
 """
 
@@ -682,36 +877,68 @@ class _Cfg(ctypes.Structure):
                 + [(f, ctypes.c_double) for f in ("h", "epsl")]
                 + [(f, ctypes.c_void_p) for f in ("pj", "pk", "bh", "q_prev", "q", "q_next", "c", "tolb", "x",
                                                    "status", "iters", "acc", "S0", "H10", "H20", "O0", "S", "H1",
-                                                   "H2", "O", "Sv", "H1v", "H2v", "G", "rn")])
+                                                   "H2", "O", "Sv", "H1v", "H2v", "G", "rn")]
+                + [(f, ctypes.c_int64) for f in ("max_iter", "quasi", "reverse")]
+                + [(f, ctypes.c_double) for f in ("tol", "eps_mach")]
+                + [(f, ctypes.c_void_p) for f in ("gemm", "W1t", "b1", "W2", "b2", "Wh", "ft", "col", "scol", "idx",
+                                                   "idx2", "sel", "Pr", "coef", "E2", "E1", "tmp", "GH", "GH1", "wacc",
+                                                   "gW1", "gb1", "gW2", "gb2", "gWh", "gbh")])
+
+
+def _torch_gemm() -> dict | None:
+    """Addresses of the Fortran-interface ``sgemm``/``dgemm`` that ``libtorch_cpu`` exports in MKL builds (the
+    kernels ``torch.mm`` runs), or ``None``."""
+    for path in sorted(glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "*torch_cpu.*"))):
+        try:
+            lib = ctypes.CDLL(path)
+            return {torch.float32: ctypes.cast(lib.sgemm_, ctypes.c_void_p).value,
+                    torch.float64: ctypes.cast(lib.dgemm_, ctypes.c_void_p).value}
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def _scipy_gemm() -> dict | None:
+    """The same from SciPy's BLAS (``scipy.linalg.cython_blas``, the same signature), or ``None``."""
+    try:
+        from scipy.linalg import cython_blas
+    except ImportError:
+        return None
+    api = ctypes.pythonapi
+    api.PyCapsule_GetName.restype, api.PyCapsule_GetName.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    caps = cython_blas.__pyx_capi__
+    return {dt: api.PyCapsule_GetPointer(caps[k], api.PyCapsule_GetName(caps[k]))
+            for dt, k in ((torch.float32, "sgemm"), (torch.float64, "dgemm"))}
 
 
 _LIB: list = []
+_GEMM: dict = {}
 _SUFFIX = {torch.float64: "f64", torch.float32: "f32"}
 
 
 def library():
-    """The compiled library, or ``None`` where it cannot be built (no C compiler)."""
+    """The compiled library, or ``None`` where it cannot be built (no C compiler) or no BLAS is found."""
     if not _LIB:
+        gemm = _torch_gemm() or _scipy_gemm()
         try:
+            if not gemm:
+                raise NativeUnavailable("no Fortran-interface BLAS found")
             source = _source()
             key = "diffmech-e2e-symo-" + hashlib.sha256(source.encode()).hexdigest()
-            names = ("layer1", "tanh_jet", "back_tanh", "known", "newton", "rev_a", "rev_b", "rev_c")
             lib, _ = load_kernel(key, lambda: (source, {"kernel": "E2E-SyMo objective"}), name="E2E-SyMo objective",
-                                 symbols=tuple(f"{f}_{s}" for f in names for s in ("f64", "f32")))
+                                 symbols=tuple(f"{f}_{s}" for f in ("del_solve", "del_gradient")
+                                               for s in ("f64", "f32")))
         except NativeUnavailable:
             lib = None
         else:
-            i64, ptr, dbl = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
-            cfg = ctypes.POINTER(_Cfg)
-            sig = {"layer1": (None, [i64] * 5 + [ptr] * 12), "tanh_jet": (None, [i64] * 4 + [ptr] * 5),
-                   "back_tanh": (None, [i64, i64, ptr, ptr]), "known": (None, [cfg, ptr, ptr, ptr, dbl, dbl]),
-                   "newton": (i64, [cfg, i64, i64, i64, ptr, ptr]), "rev_a": (i64, [cfg, i64, ptr, i64, ptr, ptr, ptr]),
-                   "rev_b": (None, [cfg, i64, ptr, ptr, ptr, ptr]),
-                   "rev_c": (i64, [cfg, i64, i64, i64] + [ptr] * 9)}
+            _GEMM.update(gemm)
             for s in ("f64", "f32"):
-                for name, (res, args) in sig.items():
-                    f = getattr(lib, f"{name}_{s}")
-                    f.restype, f.argtypes = res, args
+                f = getattr(lib, f"del_solve_{s}")
+                f.restype, f.argtypes = ctypes.c_int64, [ctypes.POINTER(_Cfg)]
+                f = getattr(lib, f"del_gradient_{s}")
+                f.restype, f.argtypes = None, [ctypes.POINTER(_Cfg), ctypes.c_double]
         _LIB.append(lib)
     return _LIB[0]
 
@@ -727,8 +954,7 @@ class _Plan:
         n, w, m = net.n, net.width, net.embed.n_out
         o = 1 + n + n * (n - 1) // 2
         self.n, self.m, self.w, self.o, self.B, self.dtype = n, m, w, o, B, dtype
-        self.fn = {k: getattr(lib, f"{k}_{sfx}") for k in ("layer1", "tanh_jet", "back_tanh", "known", "newton",
-                                                            "rev_a", "rev_b", "rev_c")}
+        self.solve_fn, self.gradient_fn = getattr(lib, f"del_solve_{sfx}"), getattr(lib, f"del_gradient_{sfx}")
         i64 = dict(dtype=torch.int64)
         self.pj, self.pk = torch.tensor(net._pj, **i64), torch.tensor(net._pk, **i64)
         lin = [j for j in range(n) if not net.embed.angle_mask[j]]
@@ -739,29 +965,29 @@ class _Plan:
         for a, j in enumerate(ang):
             col[j], scol[j] = len(lin) + a, len(lin) + len(ang) + a
         self.col, self.scol = torch.tensor(col, **i64), torch.tensor(scol, **i64)
-        self.K1 = 1 + n
+        K1 = 1 + n
         # n >= 2: psi's network part by a reverse pass, 2 + n products with W2 per Newton evaluation instead of
         # the 1 + n + n(n+1)/2 of second-order jets (the same for n = 1, where the jets take fewer calls)
-        self.reverse = n >= 2
-        self.K2 = self.K1 if self.reverse else 1 + n + n * (n + 1) // 2
+        reverse = n >= 2
+        K2 = K1 if reverse else 1 + n + n * (n + 1) // 2
         f = dict(dtype=dtype)
-        K1, K2 = self.K1, self.K2
         self.S0, self.Z10, self.Z20, self.O0 = (torch.empty(K1 * B * k, **f) for k in (m, w, w, o))
         self.S, self.Z1, self.Z2, self.O = (torch.empty(K2 * B * k, **f) for k in (m, w, w, o))
         self.c, self.tolb = torch.empty(B, n, **f), torch.empty(B, **f)
-        self.idx0 = torch.arange(B, **i64)
-        self.idx, self.idx2 = torch.empty(B, **i64), torch.empty(B, **i64)
+        self.idx, self.idx2, self.sel = (torch.empty(B, **i64) for _ in range(3))
         self.iters = torch.zeros(B, **i64)  # each sample's Newton steps
         self.tmp = torch.empty(2 * w, **f)
         self.Pr, self.coef = torch.empty(B * (n + n * n), **f), torch.empty(B * o, **f)
-        self.sel = torch.empty(B, **i64)
         self.E2, self.E1 = torch.empty(B, w, **f), torch.empty(B, w, **f)
+        self.W1t = torch.empty(m, w, **f)
         self._grad_buffers: tuple | None = None
+        ptr = {k: getattr(self, k).data_ptr() for k in ("pj", "pk", "c", "tolb", "S0", "S", "O0", "O", "iters",
+                                                        "col", "scol", "idx", "idx2", "sel", "Pr", "coef", "E2",
+                                                        "E1", "tmp", "W1t")}
         self.cfg = _Cfg(B=B, n=n, o=o, m=m, w=w, paper=int(n == 1 and net.inertia_kind == "paper"), K1=K1, K2=K2,
-                        h=0.0, epsl=float(net.eps), pj=self.pj.data_ptr(), pk=self.pk.data_ptr(),
-                        c=self.c.data_ptr(), tolb=self.tolb.data_ptr(), S0=self.S0.data_ptr(),
-                        H10=self.Z10.data_ptr(), H20=self.Z20.data_ptr(), O0=self.O0.data_ptr(), S=self.S.data_ptr(),
-                        H1=self.Z1.data_ptr(), H2=self.Z2.data_ptr(), O=self.O.data_ptr())
+                        h=0.0, epsl=float(net.eps), H10=self.Z10.data_ptr(), H20=self.Z20.data_ptr(),
+                        H1=self.Z1.data_ptr(), H2=self.Z2.data_ptr(), reverse=int(reverse),
+                        eps_mach=float(torch.finfo(dtype).eps), gemm=_GEMM[dtype], **ptr)
         self.ref = ctypes.byref(self.cfg)
         self.busy = False
 
@@ -769,99 +995,51 @@ class _Plan:
     def saved(self) -> tuple[Tensor, ...]:
         """The gradient's buffers, made on first use (solves without gradients do not need them): the backward
         rows ``(Sv, H1v, H2v, G)`` (2, 2B, .) -- (value, derivative along the adjoint) at both midpoints -- and
-        the reverse pass's ``(GH, GH1)`` (4B, w)."""
+        the reverse pass's ``(GH, GH1)`` (4B, w) and ``wacc`` (max(m, o), w)."""
         if self._grad_buffers is None:
             B, m, w, o, f = self.B, self.m, self.w, self.o, dict(dtype=self.dtype)
             self._grad_buffers = (torch.empty(2, 2 * B, m, **f), torch.empty(2, 2 * B, w, **f),
                                   torch.empty(2, 2 * B, w, **f), torch.empty(2, 2 * B, o, **f),
-                                  torch.empty(4 * B, w, **f), torch.empty(4 * B, w, **f))
+                                  torch.empty(4 * B, w, **f), torch.empty(4 * B, w, **f),
+                                  torch.empty(max(m, o), w, **f))
+            cfg = self.cfg
+            cfg.Sv, cfg.H1v, cfg.H2v, cfg.G, cfg.GH, cfg.GH1, cfg.wacc = (t.data_ptr() for t in self._grad_buffers)
         return self._grad_buffers[:4]
 
-    def network(self, K, Ba, idx, A, Bq, S, Z1, Z2, O, W1t, b1, W2, b2, Wh):
-        """The network on the jets (``K`` components) of ``Ba`` midpoints ``(A + Bq) / 2`` (rows ``idx``, a
-        pointer or ``None``): ``S (K, Ba, m)``, ``Z1 -> Z2 (K, Ba, w)`` (activations' jets), ``O (K, Ba, o)``."""
-        n, m, w, o = self.n, self.m, self.w, self.o
-        rows = K * Ba
-        pj, pk, tmp = self.pj.data_ptr(), self.pk.data_ptr(), self.tmp.data_ptr()
-        self.fn["layer1"](Ba, n, K, m, w, self.col.data_ptr(), self.scol.data_ptr(), idx, A, Bq, W1t.data_ptr(),
-                          b1.data_ptr(), pj, pk, S.data_ptr(), Z1.data_ptr(), tmp)
-        z2 = Z2[:rows * w].view(rows, w)
-        torch.mm(Z1[:rows * w].view(rows, w), W2.t(), out=z2)
-        self.fn["tanh_jet"](K, n, Ba, w, z2.data_ptr(), b2.data_ptr(), pj, pk, tmp)
-        torch.mm(z2, Wh.t(), out=O[:rows * o].view(rows, o))
-
-    def gradient(self, scale: float, W2: Tensor, Wh: Tensor) -> tuple[Tensor, ...]:
+    def gradient(self, scale: float) -> tuple[Tensor, ...]:
         """The parameter gradient ``(W1, b1, W2, b2, Wh, bh)`` of ``scale`` times the weighted residual whose
         rows the last solve with ``saved`` left: the reverse pass of the (value, direction) rows."""
-        Sv, H1v, H2v, G = self.saved
-        R, w, m, o = 4 * self.B, self.w, self.m, self.o
-        Gf = G.view(R, o)
-        if scale != 1.0:
-            Gf.mul_(scale)
-        gWh = Gf.T @ H2v.view(R, w)
-        gbh = Gf[:R // 2].sum(0)
-        GH, GH1 = self._grad_buffers[4:]
-        torch.mm(Gf, Wh, out=GH)
-        self.fn["back_tanh"](R // 2, w, GH.data_ptr(), H2v.data_ptr())
-        gW2 = GH.T @ H1v.view(R, w)
-        gb2 = GH[:R // 2].sum(0)
-        torch.mm(GH, W2, out=GH1)
-        self.fn["back_tanh"](R // 2, w, GH1.data_ptr(), H1v.data_ptr())
-        gW1 = (Sv.view(R, m).T @ GH1).T.contiguous()  # (m, R) @ (R, w): MKL is slow at (w, R) @ (R, m)
-        gb1 = GH1[:R // 2].sum(0)
-        return gW1, gb1, gW2, gb2, gWh, gbh
+        w, m, o, f = self.w, self.m, self.o, dict(dtype=self.dtype)
+        # fresh tensors: autograd may keep them as the parameters' .grad
+        grads = (torch.empty(w, m, **f), torch.empty(w, **f), torch.empty(w, w, **f), torch.empty(w, **f),
+                 torch.empty(o, w, **f), torch.empty(o, **f))
+        cfg = self.cfg
+        cfg.gW1, cfg.gb1, cfg.gW2, cfg.gb2, cfg.gWh, cfg.gbh = (g.data_ptr() for g in grads)
+        self.gradient_fn(self.ref, float(scale))
+        return grads
 
-    def solve(self, model, q_prev, q, q_next, ft, x, params, saved, tol: float, max_iter: int, quasi: bool):
-        """Newton from ``x (B, n)`` (updated in place); with ``saved = (Sv, H1v, H2v, G)`` also the backward
-        pass's rows; ``quasi``: the first step of each sample without the network's second derivatives.
-        Returns ``(status, iterations, acc, rn)``: per sample 1 converged / 2 failed, the steps of the
-        longest, the converged samples' squared errors against ``q_next`` and their number, each
-        sample's final ``max |residual|``."""
+    def solve(self, model, q_prev, q, q_next, ft, x, params, grad: bool, tol: float, max_iter: int, quasi: bool):
+        """Newton from ``x (B, n)`` (updated in place); with ``grad`` also the backward pass's rows (in
+        :attr:`saved`); ``quasi``: the first ``QUASI_NEWTON_STEPS`` steps of each sample without the network's
+        second derivatives, that far from the root the step's error is Newton's quadratic term (the network's
+        second derivatives weigh h^2/4 against the inertia); rows that converge there take the exact Jacobian
+        (their adjoint needs it). Returns ``(status, iterations, acc, rn)``: per sample 1 converged / 2 failed,
+        the steps of the longest, the converged samples' squared errors against ``q_next`` and their number,
+        each sample's final ``max |residual|``."""
         W1, b1, W2, b2, Wh, bh = params
-        B, o = self.B, self.o
-        W1t = W1.t().contiguous()
+        B = self.B
+        self.W1t.copy_(W1.t())
         status = torch.zeros(B, dtype=torch.int64)
         acc = torch.zeros(2, dtype=torch.float64)
         rn = torch.empty(B, dtype=self.dtype)
-        cfg, fn = self.cfg, self.fn
-        cfg.grad, cfg.h = int(saved is not None), float(model.h)
-        cfg.bh, cfg.q_prev, cfg.q, cfg.q_next, cfg.x = (t.data_ptr() for t in (bh, q_prev, q, q_next, x))
-        cfg.status, cfg.acc, cfg.rn = status.data_ptr(), acc.data_ptr(), rn.data_ptr()
-        cfg.iters = self.iters.data_ptr()
-        if saved is not None:
-            cfg.Sv, cfg.H1v, cfg.H2v, cfg.G = (t.data_ptr() for t in saved)
-        ref, net = self.ref, (W1t, b1, W2, b2, Wh)
-        self.network(self.K1, B, None, q_prev.data_ptr(), q.data_ptr(), self.S0, self.Z10, self.Z20, self.O0, *net)
-        fn["known"](ref, ft.data_ptr(), self.c.data_ptr(), self.tolb.data_ptr(), float(tol),
-                    float(torch.finfo(self.dtype).eps))
-        idx, idx2 = self.idx, self.idx2
-        idx.copy_(self.idx0)
-        Ba, it = B, 0
-        qp, xp = q.data_ptr(), x.data_ptr()
-        while True:
-            self.network(self.K2, Ba, idx.data_ptr(), qp, xp, self.S, self.Z1, self.Z2, self.O, *net)
-            if self.reverse:
-                # the first QUASI_NEWTON_STEPS steps (with quasi) need no exact Jacobian: that far from the root
-                # the step's error is Newton's quadratic term (the network's second derivatives weigh h^2/4 against
-                # the inertia). Rows that converge here take the exact one (their adjoint needs it), and after
-                # those steps every row does.
-                exact_all = int(it >= (QUASI_NEWTON_STEPS if quasi else 0))
-                ns = fn["rev_a"](ref, Ba, idx.data_ptr(), exact_all, self.Pr.data_ptr(), self.coef.data_ptr(),
-                                 self.sel.data_ptr())
-                e2, e1 = self.E2[:ns], self.E1[:ns]
-                if ns:
-                    torch.mm(self.coef[:ns * o].view(ns, o), Wh, out=e2)
-                    fn["rev_b"](ref, Ba, self.sel.data_ptr(), e2.data_ptr(), self.Pr.data_ptr(), self.tmp.data_ptr())
-                    torch.mm(e2, W2, out=e1)
-                Ba = fn["rev_c"](ref, Ba, it, max_iter, self.sel.data_ptr(), idx.data_ptr(), idx2.data_ptr(),
-                                 self.E1.data_ptr(), W1.data_ptr(), self.col.data_ptr(), self.scol.data_ptr(),
-                                 self.Pr.data_ptr(), self.tmp.data_ptr())
-            else:
-                Ba = fn["newton"](ref, Ba, it, max_iter, idx.data_ptr(), idx2.data_ptr())
-            if Ba == 0:
-                break
-            idx, idx2 = idx2, idx
-            it += 1
+        cfg = self.cfg
+        if grad:
+            self.saved  # noqa: B018 -- allocates the backward rows' buffers
+        cfg.grad, cfg.h, cfg.tol, cfg.max_iter = int(grad), float(model.h), float(tol), int(max_iter)
+        cfg.quasi = QUASI_NEWTON_STEPS if quasi else 0
+        (cfg.bh, cfg.q_prev, cfg.q, cfg.q_next, cfg.x, cfg.ft, cfg.b1, cfg.W2, cfg.b2, cfg.Wh, cfg.status, cfg.acc,
+         cfg.rn) = (t.data_ptr() for t in (bh, q_prev, q, q_next, x, ft, b1, W2, b2, Wh, status, acc, rn))
+        it = self.solve_fn(self.ref)
         return status, it, acc, rn
 
 
@@ -893,10 +1071,10 @@ class _Objective(torch.autograd.Function):
     @staticmethod
     def forward(ctx, info, plan, model, q_prev, q, q_next, ft, x, quasi, W1, b1, W2, b2, Wh, bh):
         status, info["iterations"], acc, _ = plan.solve(model, q_prev, q, q_next, ft, x, (W1, b1, W2, b2, Wh, bh),
-                                                        plan.saved, model.tol, model.max_iter, quasi)
+                                                        True, model.tol, model.max_iter, quasi)
         n_ok = int(acc[1])
         scale = 1.0 / (n_ok * x.shape[1]) if n_ok else 0.0
-        ctx.grads = plan.gradient(scale, W2, Wh)
+        ctx.grads = plan.gradient(scale)
         converged = status == 1
         ctx.mark_non_differentiable(converged)
         return torch.tensor(float(acc[0]) * scale, dtype=W1.dtype), converged
@@ -955,7 +1133,7 @@ def native_objective(model, b, x0: Tensor | None):
             it = info["iterations"]
         else:
             with torch.no_grad():
-                status, it, acc, _ = plan.solve(model, q_prev, q, q_next, ft, x, params, None, model.tol,
+                status, it, acc, _ = plan.solve(model, q_prev, q, q_next, ft, x, params, False, model.tol,
                                                 model.max_iter, x0 is None)
             n_ok = int(acc[1])
             ok = status == 1
@@ -984,7 +1162,7 @@ def native_solve(model, q_prev, q, u_prev, u, u_next, x0: Tensor | None, tol: fl
         with torch.no_grad():
             # exact Newton steps: at a loose tolerance (the seed's rollouts: 1e-4) a quasi-Newton first step is
             # accepted where the exact one lands far below it, and 500-step rollouts inherit the difference
-            status, it, _, rn = plan.solve(model, q_prev, q, q, ft, x, params, None, tol, max_iter, False)
+            status, it, _, rn = plan.solve(model, q_prev, q, q, ft, x, params, False, tol, max_iter, False)
     finally:
         plan.busy = False
     return x, status == 1, rn, it
