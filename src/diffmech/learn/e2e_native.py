@@ -1074,7 +1074,9 @@ class _Objective(torch.autograd.Function):
                                                         True, model.tol, model.max_iter, quasi)
         n_ok = int(acc[1])
         scale = 1.0 / (n_ok * x.shape[1]) if n_ok else 0.0
-        ctx.grads = plan.gradient(scale)
+        # saved, not kept on ctx: the engine frees saved tensors after backward (unless retain_graph), so
+        # AccumulateGrad takes them as .grad without copying
+        ctx.save_for_backward(*plan.gradient(scale))
         converged = status == 1
         ctx.mark_non_differentiable(converged)
         return torch.tensor(float(acc[0]) * scale, dtype=W1.dtype), converged
@@ -1082,7 +1084,7 @@ class _Objective(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, gl, _gc):
-        grads = ctx.grads
+        grads = ctx.saved_tensors
         if not bool(gl == 1):
             grads = tuple(g * gl for g in grads)
         return (None,) * 9 + grads
