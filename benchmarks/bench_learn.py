@@ -55,6 +55,13 @@ MARK_START, MARK_END = "<!-- bench_learn:start -->", "<!-- bench_learn:end -->"
 # The seed's code measured on this machine (issue 11): ms per step at B = 32 / 128 / 512, 1 thread.
 SEED_MS = {"pendulum": (14, 23, 43), "cartpole": (32, 45, 137)}
 TARGET_RATIO = 5.0
+# the cart-pole B = 512 cell over runs of this command (the table shows one run; ratios move with the machine's load)
+RUNS_NOTE = ("on 2026-11-29 (one machine, seven runs of this command, cart-pole at B = 512) the reference-style "
+             "step took 71.8 to 151.4 ms and the ratio was 6.0x, 5.9x, 6.1x, 7.0x, 6.7x and 6.0x with the code of "
+             "the table (the table: the last run), and 4.9x in the run with the fastest reference (71.8 ms, one pass "
+             "0.43 ms), made before the last changes (the heads' products, pair sums and small weight gradients as C "
+             "loops: about 3 % of the step in one process). With the code before commit 37dd732: 5.3x on "
+             "2026-11-28; 5.0x, 4.8x and 5.2x on 2026-11-29.")
 # ----------------------------------------------------------------------------- the reference-style baseline
 class RefRigidBody(nn.Module):
     """The seed's ``Rigid_Body`` on its ``MLP``: ``(H, V)`` from the embedded configuration."""
@@ -419,13 +426,15 @@ def write_md(rows: list[dict], meta: dict) -> None:
            f"`torch.mm` alone): {20.1 * meta['pass_ms']:.1f} ms" if meta.get("pass_ms") else "")
         + (f" of the {cp512['diffmech_ms']:.1f} ms step; 5x the reference-style step allows "
            f"{cp512['ref_ms'] / TARGET_RATIO:.1f} ms" if cp512 else "")
-        + ". A profile of that step (`perf record -p PID -- sleep 4` on a loop of steps, 2026-11-29): MKL's "
-        "kernels 56 %, its packing 7 %, the C code 21 % (the tanh jets 6 %, copying rows for the backward pass "
-        "3 %), Python and torch's bindings 7 %. The reference-style step's time varies between runs and "
-        "machines (cart-pole, B = 512: 101 to 130 ms on 2026-11-28, ratio 5.3x; on 2026-11-29, another machine "
-        "of the same kind, three runs of this command: 86.0, 82.6 and 116.2 ms, ratios 5.0x, 4.8x and 5.2x, the "
-        "last one in the table), so this cell's ratio is at the target, not above it with a margin; the column of "
-        "exact Newton steps shows what the quasi-Newton first step gains. Tried and not kept: (1) in the "
+        + ". A profile of that step (`perf record -p PID -- sleep 5` on a loop of steps, 2026-11-29, commit "
+        "37dd732): MKL's kernels 57 %, its packing 6 %, the C code 25 % (the tanh jets 7 %, the gradient's "
+        "reverse pass outside the products 4 %, the backward rows 3 %), Python and torch's bindings 5 %. Before "
+        "that commit (products by `torch.mm` between C calls, the heads' product by MKL) the step took 1.065x as "
+        "long in one process (alternating blocks of 10 steps; the blocks' ratios 1.02x to 1.16x between the "
+        "quartiles). The reference-style step's "
+        "time varies with the load of the shared machine far more than diffmech's, which is bound by MKL's "
+        "kernels: " + RUNS_NOTE + " The column of exact Newton steps shows what the quasi-Newton first step "
+        "gains. Tried and not kept: (1) in the "
         "torch code, first-order evaluations with the last exact second-derivative term of "
         "the Jacobian at iterates predicted not to converge: the saved passes went into extra iterations "
         "(2.03 -> 2.34 per solve); (2) an explicit predictor as initial guess (the seed's guess plus one "
