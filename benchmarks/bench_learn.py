@@ -61,7 +61,7 @@ RUNS_NOTE = ("on 2026-11-29 (one machine, seven runs of this command, cart-pole 
              "the table (the table: the last run), and 4.9x in the run with the fastest reference (71.8 ms, one pass "
              "0.43 ms), made before the last changes (the heads' products, pair sums and small weight gradients as C "
              "loops: about 3 % of the step in one process). The cell alone (`measure(\"cartpole\", 512, 30)`) five "
-             "times with this code: 7.0x, 6.8x, 6.0x, 6.3x and 5.0x (in the last, diffmech's step took 23.1 ms "
+             "times with this code: 7.0x, 6.8x, 6.0x, 6.3x and 4.98x (in the last, diffmech's step took 23.1 ms "
              "against 16.8 ms a minute before). With the code before commit 37dd732: 5.3x on 2026-11-28; 5.0x, "
              "4.8x and 5.2x on 2026-11-29.")
 # ----------------------------------------------------------------------------- the reference-style baseline
