@@ -60,10 +60,11 @@ RUNS_NOTE = ("on 2026-11-29 (one machine, seven runs of this command, cart-pole 
              "step took 71.8 to 151.4 ms and the ratio was 6.0x, 5.9x, 6.1x, 7.0x, 6.7x and 6.0x with the code of "
              "the table (the table: the last run), and 4.9x in the run with the fastest reference (71.8 ms, one pass "
              "0.43 ms), made before the last changes (the heads' products, pair sums and small weight gradients as C "
-             "loops: about 3 % of the step in one process). The cell alone (`measure(\"cartpole\", 512, 30)`) five "
-             "times with this code: 7.0x, 6.8x, 6.0x, 6.3x and 4.98x (in the last, diffmech's step took 23.1 ms "
-             "against 16.8 ms a minute before). With the code before commit 37dd732: 5.3x on 2026-11-28; 5.0x, "
-             "4.8x and 5.2x on 2026-11-29.")
+             "loops: about 3 % of the step in one process). The cell alone (`measure(\"cartpole\", 512, 30)`) seven "
+             "times with this code: 7.0x, 6.8x, 6.0x, 6.3x, 4.98x, 6.2x and 4.9x; diffmech's step moves with the "
+             "time of one pass (6.2x: 14.3 ms with a pass of 0.43 ms; 4.9x a minute later: 18.8 ms with 0.60 ms; "
+             "a busy sibling hyperthread slows MKL's kernels more than the reference's small operations). With the "
+             "code before commit 37dd732: 5.3x on 2026-11-28; 5.0x, 4.8x and 5.2x on 2026-11-29.")
 # ----------------------------------------------------------------------------- the reference-style baseline
 class RefRigidBody(nn.Module):
     """The seed's ``Rigid_Body`` on its ``MLP``: ``(H, V)`` from the embedded configuration."""

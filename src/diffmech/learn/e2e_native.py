@@ -152,6 +152,16 @@ static void mm_SUFFIX(const struct del_cfg *d, int64_t M, const REAL *A, int bt,
     ((gemm_SUFFIX_t)d->gemm)(bt ? "T" : "N", "N", &w, &nn, &w, &one, (const REAL *)d->W2, &w, A, &w, &zero, C, &w);
 }
 
+/* out (w) = sum_k c[k] Wh[k] for Wh (o, w): a row of coefficients on the heads times their weights. */
+static void heads_back_SUFFIX(int64_t o, int64_t w, const REAL *c, const REAL *Wh, REAL *restrict out) {
+    for (int64_t u = 0; u < w; u++) out[u] = 0;
+    for (int64_t k = 0; k < o; k++) {
+        const REAL *wk = Wh + k * w;
+        REAL ck = c[k];
+        for (int64_t u = 0; u < w; u++) out[u] += ck * wk[u];
+    }
+}
+
 /* Row-major C (M, N) = A^T B for A (R, M), B (R, N). */
 static void mm_tn_SUFFIX(const struct del_cfg *d, int64_t M, int64_t N, int64_t R, const REAL *A, const REAL *Bm,
                          REAL *C) {
@@ -760,15 +770,7 @@ int64_t del_solve_SUFFIX(struct del_cfg *d) {
         network_SUFFIX(d, d->K2, Ba, idx, q, x, (REAL *)d->S, (REAL *)d->H1, (REAL *)d->H2, (REAL *)d->O);
         if (d->reverse) {
             int64_t ns = rev_a_SUFFIX(d, Ba, idx, it >= d->quasi, Pr, coef, d->sel);
-            for (int64_t r = 0; r < ns; r++) {  /* E2 = coef Wh */
-                REAL *restrict e = E2 + r * w;
-                for (int64_t u = 0; u < w; u++) e[u] = 0;
-                for (int64_t k = 0; k < o; k++) {
-                    REAL ck = coef[r * o + k];
-                    const REAL *wk = Wh + k * w;
-                    for (int64_t u = 0; u < w; u++) e[u] += ck * wk[u];
-                }
-            }
+            for (int64_t r = 0; r < ns; r++) heads_back_SUFFIX(o, w, coef + r * o, Wh, E2 + r * w);  /* E2 = coef Wh */
             if (ns) {
                 rev_b_SUFFIX(d, Ba, d->sel, E2, Pr, (REAL *)d->tmp);
                 mm_SUFFIX(d, ns, E2, 0, E1);
@@ -801,16 +803,8 @@ static void back_tanh_sum_SUFFIX(int64_t rows, int64_t w, int64_t o, const REAL 
         REAL *restrict g0 = GH + r * w, *restrict g1 = GH + M + r * w, *restrict s = gb;
         const REAL *h0 = H + r * w, *h1 = H + M + r * w;
         if (Gin) {
-            const REAL *c0 = Gin + r * o, *c1 = Gin + (rows + r) * o;
-            for (int64_t u = 0; u < w; u++) g0[u] = g1[u] = 0;
-            for (int64_t k = 0; k < o; k++) {
-                const REAL *wk = Wh + k * w;
-                REAL a0 = c0[k], a1 = c1[k];
-                for (int64_t u = 0; u < w; u++) {
-                    g0[u] += a0 * wk[u];
-                    g1[u] += a1 * wk[u];
-                }
-            }
+            heads_back_SUFFIX(o, w, Gin + r * o, Wh, g0);
+            heads_back_SUFFIX(o, w, Gin + (rows + r) * o, Wh, g1);
         }
         if (!post)
             for (int64_t k = 0; k < a; k++) {
@@ -991,8 +985,7 @@ class _Plan:
         self.ref = ctypes.byref(self.cfg)
         self.busy = False
 
-    @property
-    def saved(self) -> tuple[Tensor, ...]:
+    def _grad_rows(self) -> None:
         """The gradient's buffers, made on first use (solves without gradients do not need them): the backward
         rows ``(Sv, H1v, H2v, G)`` (2, 2B, .) -- (value, derivative along the adjoint) at both midpoints -- and
         the reverse pass's ``(GH, GH1)`` (4B, w) and ``wacc`` (max(m, o), w)."""
@@ -1004,11 +997,10 @@ class _Plan:
                                   torch.empty(max(m, o), w, **f))
             cfg = self.cfg
             cfg.Sv, cfg.H1v, cfg.H2v, cfg.G, cfg.GH, cfg.GH1, cfg.wacc = (t.data_ptr() for t in self._grad_buffers)
-        return self._grad_buffers[:4]
 
     def gradient(self, scale: float) -> tuple[Tensor, ...]:
         """The parameter gradient ``(W1, b1, W2, b2, Wh, bh)`` of ``scale`` times the weighted residual whose
-        rows the last solve with ``saved`` left: the reverse pass of the (value, direction) rows."""
+        rows the last solve with ``grad`` left: the reverse pass of the (value, direction) rows."""
         w, m, o, f = self.w, self.m, self.o, dict(dtype=self.dtype)
         # fresh tensors: autograd may keep them as the parameters' .grad
         grads = (torch.empty(w, m, **f), torch.empty(w, **f), torch.empty(w, w, **f), torch.empty(w, **f),
@@ -1020,7 +1012,7 @@ class _Plan:
 
     def solve(self, model, q_prev, q, q_next, ft, x, params, grad: bool, tol: float, max_iter: int, quasi: bool):
         """Newton from ``x (B, n)`` (updated in place); with ``grad`` also the backward pass's rows (in
-        :attr:`saved`); ``quasi``: the first ``QUASI_NEWTON_STEPS`` steps of each sample without the network's
+        :meth:`_grad_rows`); ``quasi``: the first ``QUASI_NEWTON_STEPS`` steps of each sample without the network's
         second derivatives, that far from the root the step's error is Newton's quadratic term (the network's
         second derivatives weigh h^2/4 against the inertia); rows that converge there take the exact Jacobian
         (their adjoint needs it). Returns ``(status, iterations, acc, rn)``: per sample 1 converged / 2 failed,
@@ -1034,7 +1026,7 @@ class _Plan:
         rn = torch.empty(B, dtype=self.dtype)
         cfg = self.cfg
         if grad:
-            self.saved  # noqa: B018 -- allocates the backward rows' buffers
+            self._grad_rows()
         cfg.grad, cfg.h, cfg.tol, cfg.max_iter = int(grad), float(model.h), float(tol), int(max_iter)
         cfg.quasi = QUASI_NEWTON_STEPS if quasi else 0
         (cfg.bh, cfg.q_prev, cfg.q, cfg.q_next, cfg.x, cfg.ft, cfg.b1, cfg.W2, cfg.b2, cfg.Wh, cfg.status, cfg.acc,
