@@ -430,8 +430,11 @@ static int solve_SUFFIX(int64_t n, REAL A0[NMAX][NMAX], REAL *b, int trans) {
 
 /* The known part: c = D2 L_d(q_prev, q) + ft and the per-sample tolerance
    max(tol, 2 eps_mach ||H|| (max |q| + 1) / h) from the first midpoint's heads O0 (K1, B, o). */
-static void known_SUFFIX(const struct del_cfg *d, const REAL *ft, REAL *c, REAL *tolb, double tol, double eps_mach) {
+static void known_SUFFIX(const struct del_cfg *d) {
     int64_t n = d->n, B = d->B, o = d->o;
+    const REAL *ft = (const REAL *)d->ft;
+    REAL *c = (REAL *)d->c, *tolb = (REAL *)d->tolb;
+    double tol = d->tol;
     const REAL *qp = (const REAL *)d->q_prev, *q = (const REAL *)d->q, *O = (const REAL *)d->O0;
     REAL h = (REAL)d->h;
     for (int64_t i = 0; i < B; i++) {
@@ -442,7 +445,7 @@ static void known_SUFFIX(const struct del_cfg *d, const REAL *ft, REAL *c, REAL 
         }
         terms_SUFFIX(d, d->K1, O + i * o, B * o, v, phi, p, &Hs, NULL, NULL, NULL, NULL);
         for (int64_t j = 0; j < n; j++) c[i * n + j] = (REAL)0.5 * h * phi[j] + p[j] + ft[i * n + j];
-        double fl = 2 * eps_mach / d->h * (double)Hs * ((double)qmax + 1);
+        double fl = 2 * d->eps_mach / d->h * (double)Hs * ((double)qmax + 1);
         tolb[i] = (REAL)(fl > tol ? fl : tol);
     }
 }
@@ -529,8 +532,8 @@ static void head_cot_SUFFIX(const struct del_cfg *d, const REAL *O, int64_t cs, 
 /* Row b (sample i) of a Newton evaluation at iteration it, with residual g and Jacobian J at its iterate:
    converged (status 1; with grad: the adjoint mu = -J^-T 2 (x - q_next) and the row's backward rows), failed
    (status 2: non-finite residual, singular Jacobian, it = max_iter) or a Newton step (returns 1). */
-static int finish_SUFFIX(const struct del_cfg *d, int64_t Ba, int64_t b, int64_t i, int64_t it, int64_t max_iter,
-                         REAL *g, REAL J[NMAX][NMAX], const REAL *v) {
+static int finish_SUFFIX(const struct del_cfg *d, int64_t Ba, int64_t b, int64_t i, int64_t it, REAL *g,
+                         REAL J[NMAX][NMAX], const REAL *v) {
     int64_t n = d->n, o = d->o, m = d->m, w = d->w, B = d->B;
     REAL h = (REAL)d->h;
     REAL *x = (REAL *)d->x;
@@ -552,7 +555,7 @@ static int finish_SUFFIX(const struct del_cfg *d, int64_t Ba, int64_t b, int64_t
             for (int64_t j = 0; j < n; j++) mu[j] = -2 * (x[i * n + j] - qn[i * n + j]);
             if (!solve_SUFFIX(n, J, mu, 1)) st = 2;
         }
-    } else if (it >= max_iter || !solve_SUFFIX(n, J, g, 0)) {
+    } else if (it >= d->max_iter || !solve_SUFFIX(n, J, g, 0)) {
         st = 2;
     } else {
         for (int64_t j = 0; j < n; j++) x[i * n + j] -= g[j];
@@ -600,8 +603,7 @@ static void velocity_SUFFIX(const struct del_cfg *d, int64_t i, REAL *v) {
 /* One Newton evaluation of the Ba rows idx at iteration it from the heads' second-order jets O (K2, Ba, o)
    (see finish); the rows that iterate on are listed in idx_out, their number returned. acc[0] += squared
    errors of converged rows, acc[1] += their count. */
-static int64_t newton_SUFFIX(const struct del_cfg *d, int64_t Ba, int64_t it, int64_t max_iter, const int64_t *idx,
-                             int64_t *idx_out) {
+static int64_t newton_SUFFIX(const struct del_cfg *d, int64_t Ba, int64_t it, const int64_t *idx, int64_t *idx_out) {
     int64_t n = d->n, o = d->o, na = 0;
     REAL h = (REAL)d->h;
     for (int64_t b = 0; b < Ba; b++) {
@@ -614,7 +616,7 @@ static int64_t newton_SUFFIX(const struct del_cfg *d, int64_t Ba, int64_t it, in
         for (int64_t j = 0; j < n; j++)
             for (int64_t k = 0; k < n; k++)
                 J[j][k] = (REAL)0.25 * h * psi[j][k] + (REAL)0.5 * (dHv[j][k] - dHv[k][j]) - H[j][k] / h;
-        if (finish_SUFFIX(d, Ba, b, i, it, max_iter, g, J, v)) idx_out[na++] = i;
+        if (finish_SUFFIX(d, Ba, b, i, it, g, J, v)) idx_out[na++] = i;
     }
     return na;
 }
@@ -629,9 +631,9 @@ static int64_t newton_SUFFIX(const struct del_cfg *d, int64_t Ba, int64_t it, in
    rev_b: E2 (ns, w) -> E2 * t2 (E1 = that W2 follows), psi's layer-2 term added to Pr;
    rev_c: psi's layer-1 and embedding terms from E1 for the selected rows, then finish (returns the rows that
    iterate on; the others step with rev_a's Jacobian: a quasi-Newton step). */
-static int64_t rev_a_SUFFIX(const struct del_cfg *d, int64_t Ba, const int64_t *idx, int64_t all, REAL *Pr, REAL *coef,
-                            int64_t *sel) {
-    int64_t n = d->n, o = d->o, PR = n + n * n, ns = 0;
+static int64_t rev_a_SUFFIX(const struct del_cfg *d, int64_t Ba, const int64_t *idx, int64_t all) {
+    int64_t n = d->n, o = d->o, PR = n + n * n, ns = 0, *sel = d->sel;
+    REAL *Pr = (REAL *)d->Pr, *coef = (REAL *)d->coef;
     REAL h = (REAL)d->h;
     const REAL *tolb = (const REAL *)d->tolb;
     for (int64_t b = 0; b < Ba; b++) {
@@ -686,8 +688,10 @@ static void pair_sums_SUFFIX(int64_t n, int64_t w, int64_t M, const REAL *f, con
     }
 }
 
-static void rev_b_SUFFIX(const struct del_cfg *d, int64_t Ba, const int64_t *sel, REAL *E, REAL *Pr, REAL *tmp) {
+static void rev_b_SUFFIX(const struct del_cfg *d, int64_t Ba) {
     int64_t n = d->n, w = d->w, PR = n + n * n, M = Ba * w;
+    const int64_t *sel = d->sel;
+    REAL *E = (REAL *)d->E2, *Pr = (REAL *)d->Pr, *tmp = (REAL *)d->tmp;
     REAL q4 = (REAL)0.25 * (REAL)d->h;
     const REAL *H2 = (const REAL *)d->H2;
     for (int64_t b = 0; b < Ba; b++) {
@@ -704,10 +708,11 @@ static void rev_b_SUFFIX(const struct del_cfg *d, int64_t Ba, const int64_t *sel
     }
 }
 
-static int64_t rev_c_SUFFIX(const struct del_cfg *d, int64_t Ba, int64_t it, int64_t max_iter, const int64_t *sel,
-                            const int64_t *idx, int64_t *idx_out, const REAL *E1, const REAL *W1t, const int64_t *col,
-                            const int64_t *scol, REAL *Pr, REAL *tmp) {
+static int64_t rev_c_SUFFIX(const struct del_cfg *d, int64_t Ba, int64_t it, const int64_t *idx, int64_t *idx_out) {
     int64_t n = d->n, w = d->w, m = d->m, PR = n + n * n, M = Ba * w, na = 0;
+    const int64_t *sel = d->sel, *col = d->col, *scol = d->scol;
+    const REAL *E1 = (const REAL *)d->E1, *W1t = (const REAL *)d->W1t;
+    REAL *Pr = (REAL *)d->Pr, *tmp = (REAL *)d->tmp;
     REAL q4 = (REAL)0.25 * (REAL)d->h;
     const REAL *H1 = (const REAL *)d->H1, *S = (const REAL *)d->S;
     for (int64_t b = 0; b < Ba; b++) {
@@ -738,7 +743,7 @@ static int64_t rev_c_SUFFIX(const struct del_cfg *d, int64_t Ba, int64_t it, int
         for (int64_t j = 0; j < n; j++)
             for (int64_t k = 0; k < n; k++) J[j][k] = Jf[j * n + k];
         velocity_SUFFIX(d, i, v);
-        if (finish_SUFFIX(d, Ba, b, i, it, max_iter, pr, J, v)) idx_out[na++] = i;
+        if (finish_SUFFIX(d, Ba, b, i, it, pr, J, v)) idx_out[na++] = i;
     }
     return na;
 }
@@ -762,23 +767,23 @@ int64_t del_solve_SUFFIX(struct del_cfg *d) {
     const REAL *q = (const REAL *)d->q, *Wh = (const REAL *)d->Wh;
     network_SUFFIX(d, d->K1, B, NULL, (const REAL *)d->q_prev, q, (REAL *)d->S0, (REAL *)d->H10, (REAL *)d->H20,
                    (REAL *)d->O0);
-    known_SUFFIX(d, (const REAL *)d->ft, (REAL *)d->c, (REAL *)d->tolb, d->tol, d->eps_mach);
+    known_SUFFIX(d);
     int64_t *idx = d->idx, *idx2 = d->idx2, Ba = B, it = 0;
     for (int64_t b = 0; b < B; b++) idx[b] = b;
-    REAL *Pr = (REAL *)d->Pr, *coef = (REAL *)d->coef, *E2 = (REAL *)d->E2, *E1 = (REAL *)d->E1;
+    const REAL *coef = (const REAL *)d->coef;
+    REAL *E2 = (REAL *)d->E2;
     for (;;) {
         network_SUFFIX(d, d->K2, Ba, idx, q, x, (REAL *)d->S, (REAL *)d->H1, (REAL *)d->H2, (REAL *)d->O);
         if (d->reverse) {
-            int64_t ns = rev_a_SUFFIX(d, Ba, idx, it >= d->quasi, Pr, coef, d->sel);
+            int64_t ns = rev_a_SUFFIX(d, Ba, idx, it >= d->quasi);
             for (int64_t r = 0; r < ns; r++) heads_back_SUFFIX(o, w, coef + r * o, Wh, E2 + r * w);  /* E2 = coef Wh */
             if (ns) {
-                rev_b_SUFFIX(d, Ba, d->sel, E2, Pr, (REAL *)d->tmp);
-                mm_SUFFIX(d, ns, E2, 0, E1);
+                rev_b_SUFFIX(d, Ba);
+                mm_SUFFIX(d, ns, E2, 0, (REAL *)d->E1);
             }
-            Ba = rev_c_SUFFIX(d, Ba, it, d->max_iter, d->sel, idx, idx2, E1, (const REAL *)d->W1t, d->col, d->scol, Pr,
-                              (REAL *)d->tmp);
+            Ba = rev_c_SUFFIX(d, Ba, it, idx, idx2);
         } else {
-            Ba = newton_SUFFIX(d, Ba, it, d->max_iter, idx, idx2);
+            Ba = newton_SUFFIX(d, Ba, it, idx, idx2);
         }
         if (Ba == 0) return it;
         int64_t *t = idx;
