@@ -68,6 +68,13 @@ _TANH = r"""
 #include <stdint.h>
 #include <string.h>
 
+/* GCC in ISO C modes (-std=c11) does not contract a * b + c into fused multiply-adds: allow it, in the
+   polynomials, dot products and chain rules made of them (measured: the step 0.97x as long). Clang contracts
+   within expressions by default. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("fp-contract=fast")
+#endif
+
 #define NMAX 6
 #define KMAX (1 + NMAX + NMAX * (NMAX + 1) / 2)
 
@@ -460,12 +467,13 @@ static void put_rows_SUFFIX(int64_t n, int64_t width, int64_t B2w, const REAL *J
         memset(x1, 0, (size_t)width * sizeof(REAL));
         return;
     }
-    const REAL *j0 = J + b * width;
+    const REAL *j0 = J + b * width, *j1 = J + Mj + b * width;
+    REAL m0 = mu[0];
     for (int64_t u = 0; u < width; u++) {
         x0[u] = j0[u];
-        x1[u] = 0;
+        x1[u] = m0 * j1[u];
     }
-    for (int64_t k = 0; k < n; k++) {
+    for (int64_t k = 1; k < n; k++) {
         const REAL *jk = J + (1 + k) * Mj + b * width;
         REAL mk = mu[k];
         for (int64_t u = 0; u < width; u++) x1[u] += mk * jk[u];
