@@ -56,15 +56,14 @@ MARK_START, MARK_END = "<!-- bench_learn:start -->", "<!-- bench_learn:end -->"
 SEED_MS = {"pendulum": (14, 23, 43), "cartpole": (32, 45, 137)}
 TARGET_RATIO = 5.0
 # the cart-pole B = 512 cell over runs of this command (the table shows one run; ratios move with the machine's load)
-RUNS_NOTE = ("on 2026-11-29 (one machine, seven runs of this command, cart-pole at B = 512) the reference-style "
-             "step took 71.8 to 151.4 ms and the ratio was 6.0x, 5.9x, 6.1x, 7.0x, 6.7x and 6.0x with the code of "
-             "the table (the table: the last run), and 4.9x in the run with the fastest reference (71.8 ms, one pass "
-             "0.43 ms), made before the last changes (the heads' products, pair sums and small weight gradients as C "
-             "loops: about 3 % of the step in one process). The cell alone (`measure(\"cartpole\", 512, 30)`) seven "
-             "times with this code: 7.0x, 6.8x, 6.0x, 6.3x, 4.98x, 6.2x and 4.9x; diffmech's step moves with the "
-             "time of one pass (6.2x: 14.3 ms with a pass of 0.43 ms; 4.9x a minute later: 18.8 ms with 0.60 ms; "
-             "a busy sibling hyperthread slows MKL's kernels more than the reference's small operations). With the "
-             "code before commit 37dd732: 5.3x on 2026-11-28; 5.0x, 4.8x and 5.2x on 2026-11-29.")
+RUNS_NOTE = ("on 2026-11-29, one machine, this code: 20 runs of this command gave the cart-pole at B = 512 "
+             "5.29x to 6.65x (median 6.00x; reference 74.9 to 121.1 ms, diffmech 13.4 to 19.6 ms, one pass 0.43 to "
+             "0.60 ms), every other cell >= 6.96x in every run; single rounds of that cell 4.1x to 8.3x. The same "
+             "code timed with this benchmark's former scheme (three blocks per variant, the ratio of the medians, "
+             "the two sides' blocks up to seconds apart), 11 runs: 4.53x to 7.06x, below 5x in two (reference "
+             "89.0 ms, diffmech 19.6 ms while its warm-start blocks of the same run took 13.4 ms; 98.6 / 20.5 ms). "
+             "Before this code (no fused multiply-adds in the C code) the cell alone gave 4.9x to 7.0x in seven "
+             "runs of that former scheme.")
 # ----------------------------------------------------------------------------- the reference-style baseline
 class RefRigidBody(nn.Module):
     """The seed's ``Rigid_Body`` on its ``MLP``: ``(H, V)`` from the embedded configuration."""
@@ -254,7 +253,9 @@ def pass_ms() -> float:
     return median_ms(lambda: torch.mm(a, w, out=out), 200, 20)[0]
 
 
-def measure(system_name: str, B: int, repeats: int) -> dict:
+def measure(system_name: str, B: int, repeats: int, rounds: int = 10) -> dict:
+    """One cell: ``rounds`` rounds of one block per variant, ``repeats // 3`` steps in diffmech's blocks and
+    ``repeats // 10`` in the reference-style and torch-code blocks (each after one warm-up step)."""
     system = get_system(system_name)
     p = system.preset
     ds = make_dataset(system_name)
@@ -321,27 +322,30 @@ def measure(system_name: str, B: int, repeats: int) -> dict:
         loss.backward()
         opt_o.step()
 
-    # interleave so that load changes on the shared machine hit both alike
-    t_ref, t_ours, t_warm, t_torch, t_exact = [], [], [], [], []
-    for _ in range(3):
-        t_ref.append(median_ms(step_ref, max(repeats // 3, 3), 1))
-        t_ours.append(median_ms(step_ours, max(repeats // 3, 3), 1))
-        t_exact.append(median_ms(step_exact, max(repeats // 3, 3), 1))
-        t_warm.append(median_ms(step_warm, max(repeats // 3, 3), 1))
-        t_torch.append(median_ms(step_torch, max(repeats // 3, 3), 1))
+    # Rounds of adjacent blocks, one per variant: a ratio compares blocks a second apart, so that the load of the
+    # shared machine, which changes over seconds, hits both sides of it alike; each cell's ratio is the median of
+    # its rounds' ratios, each time the median of its blocks' medians.
+    fast, slow = max(repeats // 3, 3), max(repeats // 10, 2)
+    blocks: dict[str, list] = {k: [] for k in ("ref", "ours", "exact", "warm", "torch")}
+    for _ in range(rounds):
+        for key, fn, k in (("ref", step_ref, slow), ("ours", step_ours, fast), ("exact", step_exact, fast),
+                           ("warm", step_warm, fast), ("torch", step_torch, slow)):
+            blocks[key].append(median_ms(fn, k, 1))
 
-    def med(ts, i):
-        return statistics.median(t[i] for t in ts)
+    def med(key, i=0):
+        return statistics.median(t[i] for t in blocks[key])
 
-    ms_ref, ms_ours, ms_warm = med(t_ref, 0), med(t_ours, 0), med(t_warm, 0)
-    cpu_ref, cpu_ours, cpu_warm = med(t_ref, 1), med(t_ours, 1), med(t_warm, 1)
-    ms_torch, ms_exact = med(t_torch, 0), med(t_exact, 0)
-    return {"system": system_name, "B": B, "width": p.width, "ref_ms": ms_ref, "diffmech_ms": ms_ours,
-            "diffmech_warm_ms": ms_warm, "ratio": ms_ref / ms_ours, "ratio_warm": ms_ref / ms_warm,
-            "ref_cpu_ms": cpu_ref, "diffmech_cpu_ms": cpu_ours, "diffmech_warm_cpu_ms": cpu_warm,
-            "ratio_cpu": cpu_ref / cpu_ours, "ratio_warm_cpu": cpu_ref / cpu_warm,
-            "torch_code_ms": ms_torch, "ratio_torch_code": ms_ref / ms_torch,
-            "exact_newton_ms": ms_exact, "ratio_exact_newton": ms_ref / ms_exact,
+    def ratio(key, i=0):
+        return statistics.median(a[i] / b[i] for a, b in zip(blocks["ref"], blocks[key]))
+
+    rounds_ratio = [a[0] / b[0] for a, b in zip(blocks["ref"], blocks["ours"])]
+    return {"system": system_name, "B": B, "width": p.width, "ref_ms": med("ref"), "diffmech_ms": med("ours"),
+            "diffmech_warm_ms": med("warm"), "ratio": ratio("ours"), "ratio_warm": ratio("warm"),
+            "ref_cpu_ms": med("ref", 1), "diffmech_cpu_ms": med("ours", 1), "diffmech_warm_cpu_ms": med("warm", 1),
+            "ratio_cpu": ratio("ours", 1), "ratio_warm_cpu": ratio("warm", 1),
+            "torch_code_ms": med("torch"), "ratio_torch_code": ratio("torch"),
+            "exact_newton_ms": med("exact"), "ratio_exact_newton": ratio("exact"),
+            "ratio_rounds": rounds_ratio,
             "seed_code_ms": SEED_MS[system_name][(32, 128, 512).index(B)] if B in (32, 128, 512) else None,
             "newton_iters_ref": statistics.mean(its_r), "newton_iters_diffmech": statistics.mean(its_o),
             "loss_rel_diff": loss_rel, "grad_rel_diff": grad_rel}
@@ -356,8 +360,10 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         exact = (f"{r['exact_newton_ms']:.2f} | {r['ratio_exact_newton']:.1f}x" if "exact_newton_ms" in r
                  else "- | -")
+        spread = (f" ({min(r['ratio_rounds']):.1f}-{max(r['ratio_rounds']):.1f})" if r.get("ratio_rounds")
+                  else "")
         lines.append(f"| {r['system']} | {r['B']} | {r['ref_ms']:.1f} | {r['diffmech_ms']:.2f} | "
-                     f"{r['ratio']:.1f}x | {exact} | {r['diffmech_warm_ms']:.2f} | {r['ratio_warm']:.1f}x | "
+                     f"{r['ratio']:.1f}x{spread} | {exact} | {r['diffmech_warm_ms']:.2f} | {r['ratio_warm']:.1f}x | "
                      f"{r['ref_cpu_ms']:.1f} / {r['diffmech_cpu_ms']:.2f} / {r['diffmech_warm_cpu_ms']:.2f} | "
                      f"{r['ratio_cpu']:.1f}x ({r['ratio_warm_cpu']:.1f}x) | {r['torch_code_ms']:.2f} | "
                      f"{r['ratio_torch_code']:.1f}x | "
@@ -404,9 +410,12 @@ def write_md(rows: list[dict], meta: dict) -> None:
         "`diffmech.dynamics.kernels.native_mode(\"never\")` (second-order jets in place, "
         "`diffmech.implicit.newton_solve`, the directional vector-Jacobian product through a hand-written "
         "reverse pass), timed in the same run. *warm start*: the C code with the previous step's roots as "
-        "initial guesses, as the training loop does (previous epoch). Each time is the median of three "
-        "interleaved blocks of "
-        f"{max(repeats // 3, 3)} steps; *CPU ms* is the same median in CPU time of the process's thread "
+        "initial guesses, as the training loop does (previous epoch). Each cell runs "
+        f"{meta.get('rounds', 3)} rounds of adjacent blocks, one per variant ({max(repeats // 3, 3)} steps of "
+        f"diffmech's, {max(repeats // 10, 2)} of the reference-style step and the torch code); a time is the "
+        "median of its blocks' medians, a ratio the median of the rounds' ratios (in brackets: the lowest and "
+        "highest round), so that a change of the shared machine's load hits both sides of a ratio alike; "
+        "*CPU ms* is the same median in CPU time of the process's thread "
         "(`time.thread_time`), which the other jobs on the machine inflate less than the wall clock. "
         "The last column is the relative difference of diffmech's and the reference-style parameter "
         "gradients at the initial weights (float32; the stopping rules differ).",
@@ -429,12 +438,14 @@ def write_md(rows: list[dict], meta: dict) -> None:
            f"`torch.mm` alone): {20.1 * meta['pass_ms']:.1f} ms" if meta.get("pass_ms") else "")
         + (f" of the {cp512['diffmech_ms']:.1f} ms step; 5x the reference-style step allows "
            f"{cp512['ref_ms'] / TARGET_RATIO:.1f} ms" if cp512 else "")
-        + ". A profile of that step (`perf record -p PID -- sleep 5` on a loop of steps, 2026-11-29, commit "
-        "37dd732): MKL's kernels 57 %, its packing 6 %, the C code 25 % (the tanh jets 7 %, the gradient's "
-        "reverse pass outside the products 4 %, the backward rows 3 %), Python and torch's bindings 5 %. Before "
-        "that commit (products by `torch.mm` between C calls, the heads' product by MKL) the step took 1.065x as "
-        "long in one process (alternating blocks of 10 steps; the blocks' ratios 1.02x to 1.16x between the "
-        "quartiles). The reference-style step's "
+        + ". Where that step's time goes (the C code's stages timed with `clock_gettime` in a build of the same "
+        "source, 200 steps, 2026-11-29; step 13.96 ms): the products 9.73 ms (the forward jets' 10.6 passes 5.18 "
+        "ms, the reverse passes' 1.5 passes 0.88 ms, the gradient's 8 passes 3.67 ms), the C code 3.08 ms (the "
+        "backward rows 0.58, the second layer's tanh jets and heads 0.62, the first layer 0.55, the gradient's "
+        "tanh reverse 0.52, the per-sample Newton stages 0.76), Python, autograd and Adam 1.15 ms. GCC compiles "
+        "the C code with fused multiply-adds since commit 59c51bc (none before under `-std=c11`; the step 0.97x "
+        "as long in one process); commit 37dd732 (the solve and the gradient one C call each) made it 1.065x "
+        "faster. The reference-style step's "
         "time varies with the load of the shared machine far more than diffmech's, which is bound by MKL's "
         "kernels: " + RUNS_NOTE + " The column of exact Newton steps shows what the quasi-Newton first step "
         "gains. Tried and not kept: (1) in the "
@@ -442,7 +453,9 @@ def write_md(rows: list[dict], meta: dict) -> None:
         "the Jacobian at iterates predicted not to converge: the saved passes went into extra iterations "
         "(2.03 -> 2.34 per solve); (2) an explicit predictor as initial guess (the seed's guess plus one "
         "step with the first midpoint's inertia and forces): 4x closer to the root on the cart-pole, still "
-        "2 iterations per solve; (3) the quasi-Newton step for the first two steps: 2.008 -> 2.067 "
+        "2 iterations per solve (in the C code, which counts per sample: 331 instead of 251 of 512 samples "
+        "converge after one exact step, about 0.6 of the step's 20 passes); (3) the quasi-Newton step for the "
+        "first two steps: 2.008 -> 2.067 "
         "iterations per solve over 60 epochs of cart-pole training, no faster; (4) the quasi-Newton first step "
         "for warm starts (1.02 -> 1.2-1.3 iterations per solve in training) and for solves without gradients "
         "(rollouts at the seed's tolerance 1e-4 accept its less accurate step: the cart-pole's 500-step "
@@ -460,7 +473,8 @@ def write_md(rows: list[dict], meta: dict) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="B = 32 only, 6 repeats, no files written")
-    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--repeats", type=int, default=30, help="sets the steps per block (see measure)")
+    ap.add_argument("--rounds", type=int, default=10, help="rounds of adjacent blocks per cell")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "learn.json"))
     ap.add_argument("--no-md", action="store_true", help="do not update BENCHMARKS.md")
     ap.add_argument("--from-json", metavar="FILE", help="write BENCHMARKS.md's section from a results file; no run")
@@ -480,7 +494,7 @@ def main(argv=None) -> int:
         return 0
     for system in ("pendulum", "cartpole"):
         for B in sizes:
-            r = measure(system, B, repeats)
+            r = measure(system, B, repeats, 2 if args.quick else args.rounds)
             rows.append(r)
             print(f"{system:9s} B={B:4d} ref {r['ref_ms']:7.2f} ms  diffmech {r['diffmech_ms']:6.2f} ms "
                   f"({r['ratio']:.1f}x)  warm {r['diffmech_warm_ms']:6.2f} ms ({r['ratio_warm']:.1f}x)  "
@@ -495,7 +509,7 @@ def main(argv=None) -> int:
     meta = {"pass_ms": pass_ms(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "torch": torch.__version__, "threads": 1, "cpu": cpu_name(), "cpus": os.cpu_count(),
             "c_code": e2e_native.library() is not None,
-            "loadavg_at_start": load0, "loadavg_at_end": load, "repeats": repeats}
+            "loadavg_at_start": load0, "loadavg_at_end": load, "repeats": repeats, "rounds": args.rounds}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "rows": rows, "target_ratio": TARGET_RATIO}, f, indent=2)
