@@ -56,14 +56,15 @@ MARK_START, MARK_END = "<!-- bench_learn:start -->", "<!-- bench_learn:end -->"
 SEED_MS = {"pendulum": (14, 23, 43), "cartpole": (32, 45, 137)}
 TARGET_RATIO = 5.0
 # the cart-pole B = 512 cell over runs of this command (the table shows one run; ratios move with the machine's load)
-RUNS_NOTE = ("on 2026-11-29, one machine, this code: 20 runs of this command before the table's gave the "
-             "cart-pole at B = 512 5.29x to 6.65x (median 6.00x; reference 74.9 to 121.1 ms, diffmech 13.4 to "
-             "19.6 ms, one pass 0.43 to 0.60 ms), every other cell >= 6.96x in every run; single rounds of that "
-             "cell 4.1x to 8.3x. The same code timed with this benchmark's former scheme (three blocks per "
-             "variant, the ratio of the medians, the two sides' blocks up to seconds apart), 11 runs: 4.53x to "
-             "7.06x, below 5x in two (reference 89.0 ms, diffmech 19.6 ms while its warm-start blocks of the same "
-             "run took 13.4 ms; 98.6 / 20.5 ms). Before this code (no fused multiply-adds in the C code) the cell "
-             "alone gave 4.9x to 7.0x in seven runs of that former scheme.")
+RUNS_NOTE = ("on 2026-11-29, one machine, this code: 40 runs of this command besides the table's gave the "
+             "cart-pole at B = 512 5.29x to 6.74x (median 6.09x; reference 74.9 to 133.7 ms, diffmech 13.4 to "
+             "21.5 ms, one pass 0.43 to 0.82 ms), every other cell >= 6.32x in every run (pendulum B = 512 and "
+             "cart-pole B = 128 6.32x and 6.85x at the lowest); single rounds of the cart-pole B = 512 cell 3.4x to "
+             "8.5x. The same code timed with this benchmark's former scheme (three blocks per variant, the ratio of "
+             "the medians, the two sides' blocks up to seconds apart), 11 runs: 4.53x to 7.06x, below 5x in two "
+             "(reference 89.0 ms, diffmech 19.6 ms while its warm-start blocks of the same run took 13.4 ms; "
+             "98.6 / 20.5 ms). Before this code (no fused multiply-adds in the C code) the cell alone gave 4.9x to "
+             "7.0x in seven runs of that former scheme.")
 # ----------------------------------------------------------------------------- the reference-style baseline
 class RefRigidBody(nn.Module):
     """The seed's ``Rigid_Body`` on its ``MLP``: ``(H, V)`` from the embedded configuration."""
