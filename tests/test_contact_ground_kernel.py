@@ -19,6 +19,7 @@ from hopper_scene import make_scene as _scene
 from hopper_scene import start_state as _start
 
 cs = importlib.import_module("diffmech.sim.contact_step")
+rt = importlib.import_module("diffmech.sim.route")
 cr = importlib.import_module("diffmech.sim.contact_rollout")
 F64 = torch.float64
 
@@ -114,7 +115,7 @@ def _spy_stages(monkeypatch) -> list:
         seen.append(out is not None and not out.by_hand)
         return out
 
-    monkeypatch.setattr(cs, "ground_stage", spy)
+    monkeypatch.setattr(rt, "ground_stage", spy)
     return seen
 
 
@@ -128,10 +129,10 @@ def _run(scene, q, v, tau, dt, fused, loss, adjoint="checkpoint", monkeypatch=No
     by :func:`~diffmech.sim.contact_step` (the checkpointed rollout's own stepper for this route is
     ``tests/test_contact_ground_rollout.py``'s)."""
     if not fused:
-        monkeypatch.setattr(cs, "ground_plan", lambda s, x: None)
+        monkeypatch.setattr(rt, "ground_plan", lambda *a, **k: None)
     stats: dict = {}
     with kernels.native_mode("auto"), pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cr, "ground_stepper", lambda *a: None)
+        mp.setattr(rt, "ground_stepper", lambda *a, **k: None)
         qs, vs = rollout(scene, q, v, tau, dt, adjoint=adjoint, stats=stats)
         loss(qs, vs).backward()
     if not fused:
@@ -156,7 +157,7 @@ def test_native_step_equals_the_torch_step_with_its_gradients(monkeypatch):
         infos = []
         with kernels.native_mode("auto"):  # one step by hand: the same contact set and impulses
             if not fused:
-                monkeypatch.setattr(cs, "ground_plan", lambda s, x: None)
+                monkeypatch.setattr(rt, "ground_plan", lambda *a, **k: None)
             info: dict = {}
             q1, v1 = diffmech.sim.contact_step(scene, q + torch.tensor([0, 0, -0.035] + [0] * 6, dtype=F64), v,
                                                tau[:, 0].detach(), dt, info=info)
@@ -210,7 +211,7 @@ def test_native_step_is_taken_and_checkpoint_equals_autograd(monkeypatch):
         seen.append(out is not None)
         return out
 
-    monkeypatch.setattr(cs, "ground_stage", spy)
+    monkeypatch.setattr(rt, "ground_stage", spy)
     T, dt = 60, 2e-3
     out = {}
     for adjoint in ("checkpoint", "autograd"):

@@ -18,6 +18,7 @@ from diffmech.sim import prepare_ground_kernels, rollout
 from hopper_scene import make_scene, start_state
 
 cs = importlib.import_module("diffmech.sim.contact_step")
+rt = importlib.import_module("diffmech.sim.route")
 cr = importlib.import_module("diffmech.sim.contact_rollout")
 F64 = torch.float64
 
@@ -55,9 +56,9 @@ def _rollout(route: str, T: int, dt: float, *, checkpoint_every: int = 1, q=None
     sets, vjps = [], []
     with kernels.native_mode("auto"), pytest.MonkeyPatch.context() as mp:
         if route != "stepper":
-            mp.setattr(cr, "ground_stepper", lambda *a: None)
+            mp.setattr(rt, "ground_stepper", lambda *a, **k: None)
         if route == "torch":
-            mp.setattr(cs, "ground_plan", lambda s, x: None)
+            mp.setattr(rt, "ground_plan", lambda *a, **k: None)
         step, vjp = gr.GroundStepper.step, gr.GroundStepper.vjp
 
         def spy_step(self, *a, **k):
@@ -89,6 +90,7 @@ def test_stepper_equals_contact_step_and_the_torch_code(driver):
     slots = set().union(*map(set, sets))
     assert len(set(sets)) > 3 and any(s >= nb for s in slots) and {2, 3} & slots
     assert torch.equal(qa, qb) and torch.equal(va, vb)  # the same operations: the same steps, bit for bit
+    assert sa.pop("route") == "native" and sb.pop("route") == "torch: scene"  # (the stepper patched away)
     assert sa == sb
     torch.testing.assert_close(qa, qc, rtol=0, atol=1e-10)
     for name in ga:
@@ -143,7 +145,7 @@ def test_stepper_gradient_against_finite_differences(driver):
     with kernels.native_mode("auto"):
         used: list = []
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(cr, "ground_stepper", _recording(used))
+            mp.setattr(rt, "ground_stepper", _recording(used))
             f(tau, q0.requires_grad_(), v0.requires_grad_(), kp).backward()
         assert used and used[0] is not None
         eps = 1e-6
@@ -172,16 +174,23 @@ def test_stepper_float32(driver):
 
 
 def test_stepper_only_where_it_applies():
+    """The stepper serves policies and learnable robot parameters too; native kernels off, a joint limit
+    that requires grad or a scene it does not serve leave it, with the reason."""
     scene = make_scene()
     assert prepare_ground_kernels(scene, parameters=True)
     q, _ = start_state(scene)
     with kernels.native_mode("auto"):
-        assert isinstance(gr.ground_stepper(scene, q, 1e-3, False), gr.GroundStepper)
-        assert gr.ground_stepper(scene, q, 1e-3, True) is None  # a policy: its graph is autograd's
+        assert isinstance(gr.ground_stepper(scene, q, 1e-3), gr.GroundStepper)
+        why = []
         with kernels.native_mode("never"):
-            assert gr.ground_stepper(scene, q, 1e-3, False) is None
+            assert gr.ground_stepper(scene, q, 1e-3, why) is None
+        assert why == ["native kernels off (DIFFMECH_NATIVE=never)"]
         scene.models["hopper"].make_link_param_learnable("left", "mass")
-        assert gr.ground_stepper(scene, q, 1e-3, False) is None  # a robot parameter: contact_step's node
+        stepper = gr.ground_stepper(scene, q, 1e-3)
+        assert isinstance(stepper, gr.GroundStepper) and stepper.fields  # the inertial fields' reverse mode
+        why = []
+        assert gr.ground_stepper(scene.to(torch.float32), q.float(), 1e-3, why) is None
+        assert why == ["learnable parameters: kernels not built (set_native('build') or `diffmech kernels build`)"]
 
 
 def test_driver_steps_handed_back_to_the_python():
@@ -215,8 +224,8 @@ def _recording(made: list):
     """``ground_stepper`` that appends what it returns to ``made``."""
     real = gr.ground_stepper
 
-    def make(*args):
-        made.append(real(*args))
+    def make(*args, **kwargs):
+        made.append(real(*args, **kwargs))
         return made[-1]
 
     return make
@@ -242,13 +251,17 @@ def test_fixed_base_robot():
         tau = torch.zeros(1, 60, 2, dtype=F64, requires_grad=True)
         used = []
         with kernels.native_mode("auto"), pytest.MonkeyPatch.context() as mp:
-            mp.setattr(cr, "ground_stepper", _recording(used) if route == "stepper" else (lambda *a: None))
+            mp.setattr(rt, "ground_stepper", _recording(used) if route == "stepper" else (lambda *a, **k: None))
             stats: dict = {}
-            qs, vs = rollout(scene, q0, v0, tau, 2e-3, stats=stats)
+            with pytest.warns(RuntimeWarning, match="contact solve stopped short"):
+                qs, vs = rollout(scene, q0, v0, tau, 2e-3, stats=stats)
             (qs[:, -1].sum() + vs[:, -1, 0]).backward()
         if route == "stepper":
             assert used[0] is not None and used[0].driver is None  # a fixed base: the Python steps
         assert stats["contact_candidates_max"] >= 2
+        # a leg with one joint pressed into the ground while its foot slides: no impulses meet the contact
+        # conditions (normal and tangential rows of a foot are collinear), and the solve says so
+        assert stats["contact_unconverged"] > 0 and stats["contact_violation_max"] > 1e-4
         out[route] = (qs.detach(), tau.grad, kp.grad)
     assert torch.equal(out["stepper"][0], out["native"][0])
     for a, b in zip(out["stepper"][1:], out["native"][1:]):

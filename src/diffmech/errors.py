@@ -30,3 +30,8 @@ class SimulationError(DiffmechError, RuntimeError):
 class OptionError(DiffmechError, ValueError):
     """An option that is not one of its allowed values (an algorithm, method, frame, integrator or
     adjoint name, ...)."""
+
+
+class NativeRouteError(DiffmechError, RuntimeError):
+    """A call that would leave the native route while ``DIFFMECH_NATIVE=require`` (or
+    ``set_native("require")``) forbids it; the message says which call and why."""

@@ -1,4 +1,5 @@
-"""Projected Gauss-Seidel on the velocity-level contact problem, batched over environments.
+"""The velocity-level contact problem, batched over environments: projected Gauss-Seidel sweeps, then
+semismooth Newton iterations where the sweeps leave the contact conditions unmet.
 
 The problem of one time step, for ``K`` constraint blocks of three rows (normal, two tangents):
 
@@ -10,10 +11,21 @@ the impulses (N s). The friction set is the exact disc (the Coulomb cone at the 
 after each block's tangential Gauss-Seidel step the tangential impulse is projected onto the disc
 of radius ``mu lam_n``. A block with zero tangent rows (a joint limit) has ``mu = 0``.
 
+Convergence. A solution is a zero of the natural map ``G(lam) = lam - Pi(lam - D w)`` (``D =
+diag(A)^-1``, ``Pi`` the projection of the sweeps: the normal impulse onto ``[0, inf)``, the
+tangential one onto the disc of radius ``mu`` times the projected normal impulse). The sweeps are the
+Gauss-Seidel iteration of that fixed point; they cycle on some problems with sliding friction (see
+:func:`pgs`), so the solve ends with semismooth Newton iterations on ``G`` wherever ``max |G|``
+exceeds the tolerance. ``PGSResult.residual`` is ``max |G|`` relative to the problem's impulse scale,
+``violation`` the same error as a velocity (m/s), ``unconverged`` the environments left above the
+tolerance (the step that called the solver warns).
+
 Gradient. The sweeps run without a graph; the solution carries the gradient by the implicit
 function theorem at the fixed point it reached, with the contact modes (separated, sticking,
 sliding) held fixed. So the gradient does not depend on where the solver started (a warm start) or
-on how many sweeps it needed, and is the derivative finite differences of a converged solve see.
+on how many iterations it needed, and is the derivative finite differences of a converged solve see
+-- of a converged one only: at impulses that do not meet the conditions it is the derivative of no
+map that was simulated.
 Differentiating the sweeps instead (the seed's approach) gives a truncated series that is off by as
 much as the solver is from converged after those sweeps from *that start*; with a warm start that
 stops after four sweeps, this was off by 1e-4 relative in a sliding box's mass gradient.
@@ -32,10 +44,18 @@ from .pgs_native import native_sweeps, native_vjp
 __all__ = ["PGSResult", "pgs", "implicit_vjp"]
 
 
+# Semismooth Newton iterations after the sweeps, at most (measured: 1 to 5 on the standing quadruped's
+# contact problems, where the sweeps cycle; each costs one R x R factorisation).
+NEWTON_ITERATIONS = 30
+
+
 class PGSResult(NamedTuple):
     lam: Tensor  # (B, K, 3) impulses: normal, tangent 1, tangent 2
-    iterations: int
-    residual: float  # largest change of an impulse in the last sweep, relative to the largest impulse
+    iterations: int  # sweeps (the most of any environment)
+    residual: float  # max |G| / impulse scale (natural map G of the contact conditions), worst environment
+    newton: int = 0  # semismooth Newton iterations after the sweeps (the most of any environment)
+    violation: float = 0.0  # m/s: the largest velocity error of a contact condition, max |G_i| A_ii
+    unconverged: int = 0  # environments whose residual is above the tolerance (a solve that stopped short)
 
 
 def _inverse_diagonal(A: Tensor) -> Tensor:
@@ -85,6 +105,105 @@ def _sweeps(A: Tensor, c: Tensor, mu: Tensor, iterations: int, tol: float, check
             if residual <= tol:
                 break
     return torch.stack(lam, dim=1), it, residual
+
+
+def _natural(lam: Tensor, w: Tensor, inv: Tensor, mu: Tensor) -> tuple[Tensor, dict]:
+    """The natural map ``G (B, K, 3)`` of the contact conditions (see ``pgs.c``: ``G = lam - Pi(lam - D w)``
+    block by block, ``D = diag(inv)``, the disc's radius ``mu max(0, lam_n - inv_n w_n)``) and the pieces
+    of its generalized Jacobian; ``lam, w, inv (B, K, 3)``, ``mu (B, K)``."""
+    sn = lam[..., 0] - inv[..., 0] * w[..., 0]
+    act = sn > 0
+    rad = mu * sn.clamp_min(0)
+    y = lam[..., 1:] - inv[..., 1:] * w[..., 1:]
+    yn = y.norm(dim=-1)
+    edge = yn > rad
+    yh = y / torch.where(edge, yn, torch.ones_like(yn))[..., None]
+    proj = torch.where(edge[..., None], rad[..., None] * yh, y)
+    G = torch.cat([(lam[..., 0] - sn.clamp_min(0))[..., None], lam[..., 1:] - proj], -1)
+    return G, {"act": act, "rad": rad, "edge": edge, "yh": yh, "yn": yn}
+
+
+def _natural_jacobian(A: Tensor, inv: Tensor, mu: Tensor, parts: dict) -> Tensor:
+    """An element of the generalized Jacobian of :func:`_natural`, ``(B, 3K, 3K)`` (``inv (B, K, 3)``)."""
+    B, R, _ = A.shape
+    K = R // 3
+    eye = _eye(R, A)
+    DA = (inv.reshape(B, R, 1) * A).reshape(B, K, 3, R)  # rows inv_i A_i
+    E = eye.reshape(K, 3, R)
+    act, rad, edge, yh, yn = (parts[k] for k in ("act", "rad", "edge", "yh", "yn"))
+    Jn = torch.where(act[..., None], DA[:, :, 0], E[:, 0])  # (B, K, R)
+    dy = E[:, 1:] - DA[:, :, 1:]  # (B, K, 2, R)
+    drad = torch.where(act[..., None], mu[..., None] * (E[:, 0] - DA[:, :, 0]), torch.zeros_like(Jn))
+    P = (_eye(2, A) - yh[..., :, None] * yh[..., None, :]) / torch.where(edge, yn, torch.ones_like(yn))[..., None, None]
+    slide = E[:, 1:] - yh[..., None] * drad[:, :, None] - rad[..., None, None] * (P @ dy)
+    Jt = torch.where(edge[..., None, None], slide, DA[:, :, 1:])
+    return torch.cat([Jn[:, :, None], Jt], 2).reshape(B, R, R)
+
+
+def _measure(lam: Tensor, A: Tensor, c: Tensor, mu: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(G (B, K, 3), w (B, K, 3), inv (B, K, 3), impulse scale (B,))`` at impulses ``lam (B, K, 3)``:
+    the natural map, ``w = A lam + c``, ``1 / diag(A)`` and the problem's impulse scale (the largest of
+    ``|lam|`` and ``inv_i |c_i|``, N s)."""
+    B, K, _ = lam.shape
+    inv = _inverse_diagonal(A).reshape(B, K, 3)
+    w = ((A @ lam.reshape(B, -1, 1))[..., 0] + c).reshape(B, K, 3)
+    G, _ = _natural(lam, w, inv, mu)
+    scale = torch.maximum(lam.abs().amax((-1, -2)), (inv * c.reshape(B, K, 3).abs()).amax((-1, -2)))
+    return G, w, inv, scale
+
+
+def _tolerance(tol: float, dtype: torch.dtype) -> float:
+    """The relative residual a solve must reach: ``tol``, but no less than 64 ulps of ``dtype``."""
+    return max(tol, 64 * torch.finfo(dtype).eps)
+
+
+def _newton(lam: Tensor, A: Tensor, c: Tensor, mu: Tensor, tol: float, iterations: int) -> tuple[Tensor, int]:
+    """Semismooth Newton iterations on :func:`_natural` (``pgs.c``'s, in torch: the reference) from ``lam
+    (B, K, 3)``, each environment until its residual is at most ``tol`` times its impulse scale, with a
+    backtracking line search on ``|G|^2``; least-norm steps where the Jacobian is singular. Returns the
+    impulses -- Newton's where it converged, ``lam`` elsewhere -- and the iterations run."""
+    B, K, _ = lam.shape
+    R = 3 * K
+    start = lam
+    G, w, inv, scale = _measure(lam, A, c, mu)
+    tol_abs = _tolerance(tol, A.dtype) * scale
+    f = (G * G).sum((-1, -2))
+    it = 0
+    for it in range(1, iterations + 1):
+        todo = ~(G.abs().amax((-1, -2)) <= tol_abs)
+        if not bool(todo.any()):
+            it -= 1
+            break
+        _, parts = _natural(lam, w, inv, mu)
+        Jm = _natural_jacobian(A, inv, mu, parts)
+        d = _least_norm_solve(Jm, -G.reshape(B, R, 1)).reshape(B, K, 3)
+        Ad = (A @ d.reshape(B, R, 1))[..., 0].reshape(B, K, 3)
+        step = torch.ones(B, dtype=A.dtype, device=A.device)
+        done = ~todo
+        new_lam, new_w, new_G, new_f = lam, w, G, f
+        for _ in range(30):
+            lt, wt = lam + step[:, None, None] * d, w + step[:, None, None] * Ad
+            Gt, _ = _natural(lt, wt, inv, mu)
+            ft = (Gt * Gt).sum((-1, -2))
+            ok = ~done & (ft <= (1 - 1e-4 * step) * f)
+            new_lam = torch.where(ok[:, None, None], lt, new_lam)
+            new_w = torch.where(ok[:, None, None], wt, new_w)
+            new_G = torch.where(ok[:, None, None], Gt, new_G)
+            new_f = torch.where(ok, ft, new_f)
+            done = done | ok
+            if bool(done.all()):
+                break
+            step = torch.where(done, step, 0.5 * step)
+        if not bool((done & todo).any()):
+            break  # no environment found a descent: stalled
+        lam, w, G, f = new_lam, new_w, new_G, new_f
+        if it % 8 == 0:  # w afresh: the updates w += step A d drift by rounding
+            G, w, _, _ = _measure(lam, A, c, mu)
+            f = (G * G).sum((-1, -2))
+    # kept only where it converged (see pgs.c: stalled iterates may have wandered along near-null directions)
+    G, _, _, _ = _measure(lam, A, c, mu)
+    converged = G.abs().amax((-1, -2)) <= tol_abs
+    return torch.where(converged[:, None, None], lam, start), it
 
 
 def _state(lam: Tensor, A: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -269,26 +388,39 @@ class _ImplicitPGS(torch.autograd.Function):
 
 def pgs(A: Tensor, c: Tensor, mu: Tensor, *, iterations: int = 50, tol: float = 1e-9,
         check_every: int = 4, lam0: Tensor | None = None, native: bool = True,
-        solution: Tensor | None = None) -> PGSResult:
-    """Solve the contact problem above by projected Gauss-Seidel.
+        solution: Tensor | None = None, newton: int = NEWTON_ITERATIONS) -> PGSResult:
+    """Solve the contact problem above: projected Gauss-Seidel sweeps, then, where they leave the
+    contact conditions unmet, semismooth Newton iterations on their natural map.
+
+    The sweeps alone can cycle: on problems with sliding friction and strong coupling between
+    normal and tangential impulses (a standing quadruped's feet) they settle into a cycle whose
+    impulses violate the conditions (a loaded foot approaching the ground, one sliding with less than
+    the friction bound), however many sweeps run. Newton's method on the natural map
+    ``G(lam) = lam - Pi(lam - D w)`` (the sweeps' own fixed-point map, ``D = diag(A)^-1``) converges
+    there in a few iterations; a singular Jacobian (a statically indeterminate contact set) takes
+    least-norm (Levenberg-Marquardt) steps.
 
     Args:
         A: (B, 3K, 3K) Delassus operator (symmetric positive semi-definite).
         c: (B, 3K) free constraint velocity minus the targets.
         mu: (B, K) friction coefficients.
         iterations: maximum number of sweeps over the blocks.
-        tol: stop when no impulse changed by more than ``tol`` times the largest impulse (plus
-            ``tol`` N s) in a sweep (checked every ``check_every`` sweeps).
+        tol: the sweeps stop when no impulse changed by more than ``tol`` times the largest impulse
+            (plus ``tol`` N s) in a sweep (checked every ``check_every`` sweeps); the solve has
+            converged when ``max |G| <= tol`` times the problem's impulse scale (the largest of
+            ``|lam|`` and ``|c_i| / A_ii``), or 64 ulps of the dtype where that is larger.
         lam0: optional (B, K, 3) starting impulses (a warm start, e.g. the previous step's).
-        native: run the sweeps in C on the CPU where possible (:mod:`.pgs_native`; each
-            environment then stops on its own when converged), else in torch.
-        solution: (B, K, 3) impulses this solver returned for the same problem before: no sweeps,
-            the result is that solution with its gradient (``iterations`` 0, ``residual`` 0), as a
-            backward pass that recomputes a step needs it.
+        native: solve in C on the CPU where possible (:mod:`.pgs_native`; each environment then stops
+            on its own), else in torch (the same method).
+        solution: (B, K, 3) impulses this solver returned for the same problem before: no solve, the
+            result is that solution with its gradient (``iterations`` 0, ``residual`` 0), as a backward
+            pass that recomputes a step needs it.
+        newton: maximum semismooth Newton iterations after the sweeps (0: sweeps only).
 
     Returns:
         :class:`PGSResult`; ``lam`` is differentiable w.r.t. ``A``, ``c`` and ``mu`` (implicit
-        function theorem at the solution, modes fixed).
+        function theorem at the solution, modes fixed: exact where the solve converged, which
+        ``unconverged == 0`` says).
     """
     B, R = c.shape
     K = R // 3
@@ -302,10 +434,22 @@ def pgs(A: Tensor, c: Tensor, mu: Tensor, *, iterations: int = 50, tol: float = 
             lam = _ImplicitPGS.apply(lam, A, c, mu)
         return PGSResult(lam, 0, 0.0)
     with torch.no_grad():
-        args = (A.detach(), c.detach(), mu.detach(), iterations, tol, check_every,
-                None if lam0 is None else lam0.detach())
-        out = native_sweeps(*args) if native else None
-        lam, it, residual = out if out is not None else _sweeps(*args)
+        A_, c_, mu_ = A.detach(), c.detach(), mu.detach()
+        lam0_ = None if lam0 is None else lam0.detach()
+        out = native_sweeps(A_, c_, mu_, iterations, tol, check_every, lam0_, newton) if native else None
+        if out is not None:
+            lam, st = out
+            result = PGSResult(lam, st.sweeps, st.residual, st.newton, st.violation, st.unconverged)
+        else:
+            lam, it, _ = _sweeps(A_, c_, mu_, iterations, tol, check_every, lam0_)
+            lam, n_it = _newton(lam, A_, c_, mu_, tol, newton) if newton > 0 else (lam, 0)
+            G, _, inv, scale = _measure(lam, A_, c_, mu_)
+            g = G.abs().amax((-1, -2))
+            rel = torch.where(scale > 0, g / torch.where(scale > 0, scale, torch.ones_like(scale)), g)
+            viol = torch.where(inv > 0, G.abs() / torch.where(inv > 0, inv, torch.ones_like(inv)),
+                               torch.zeros_like(inv)).amax((-1, -2))
+            bad = ~(rel <= _tolerance(tol, A_.dtype))
+            result = PGSResult(lam, it, float(rel.max()), n_it, float(viol.max()), int(bad.sum()))
     if A.requires_grad or c.requires_grad or mu.requires_grad:
-        lam = _ImplicitPGS.apply(lam, A, c, mu)
-    return PGSResult(lam, it, residual)
+        result = result._replace(lam=_ImplicitPGS.apply(result.lam, A, c, mu))
+    return result

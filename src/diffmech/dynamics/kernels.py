@@ -400,8 +400,20 @@ def call_native_with(call: NativeCall, state: list[Tensor], mt, C: Tensor | None
 
 
 # ---------------------------------------------------------------- the default path of the public functions
-MODES = ("auto", "build", "never")
-_MODE = [os.environ.get("DIFFMECH_NATIVE", "auto")]
+MODES = ("auto", "build", "never", "require")
+
+
+def _mode_from_environment() -> str:
+    mode = os.environ.get("DIFFMECH_NATIVE", "auto") or "auto"
+    if mode not in MODES:
+        import warnings
+
+        warnings.warn(f"DIFFMECH_NATIVE={mode!r} is not one of {MODES}; using 'auto'", stacklevel=2)
+        mode = "auto"
+    return mode
+
+
+_MODE = [_mode_from_environment()]
 _CALLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tree -> {(algorithm, passive, f_ext): call}
 
 
@@ -415,14 +427,55 @@ def set_native(mode: str) -> str:
     * ``"build"``: the first call for a tree, algorithm and dtype builds its kernels (seconds to a
       minute, once per machine), later calls use them.
     * ``"never"``: always the torch code.
+    * ``"require"``: as ``"build"``, and a call that would leave the native route (another device,
+      a ``torch.func`` transform, ``create_graph``, a scene or feature the native code does not serve)
+      raises :class:`~diffmech.errors.NativeRouteError` saying why, instead of running the torch code.
     """
     if mode not in MODES:
         raise OptionError(f"set_native: unknown mode {mode!r}; choose from {MODES}")
     old, _MODE[0] = _MODE[0], mode
     for calls in _CALLS.values():
         for call in calls.values():
-            call.build = mode == "build"
+            call.build = building()
     return old
+
+
+def building() -> bool:
+    """Whether a missing kernel is built on first use (modes ``"build"`` and ``"require"``)."""
+    return _MODE[0] in ("build", "require")
+
+
+def native_refusal(x: Tensor) -> str | None:
+    """Why a call on tensors like ``x`` cannot run native code (``None``: it can): the mode, the
+    device, the dtype, an active ``torch.func`` transform or ``torch.compile`` trace."""
+    if _MODE[0] == "never":
+        return "native kernels off (DIFFMECH_NATIVE=never)"
+    if not x.is_cpu:
+        return x.device.type
+    if x.dtype not in _DTYPES:
+        return str(x.dtype).replace("torch.", "")
+    if torch._C._are_functorch_transforms_active():
+        return "torch.func transform"
+    if torch.compiler.is_compiling():
+        return "torch.compile"
+    return None
+
+
+def unavailable_reason(err: NativeUnavailable) -> str:
+    """A route's reason for a missing kernel."""
+    if isinstance(err, NotBuilt):
+        return "kernels not built (set_native('build') or `diffmech kernels build`)"
+    return "no native kernel: " + str(err).splitlines()[0][:120]
+
+
+def leave_native(what: str, why: str) -> None:
+    """Say that ``what`` leaves the native route because of ``why``: raises
+    :class:`~diffmech.errors.NativeRouteError` in mode ``"require"``, else nothing."""
+    if _MODE[0] == "require":
+        from ..errors import NativeRouteError
+
+        raise NativeRouteError(f"{what}: the native route cannot run ({why}), and DIFFMECH_NATIVE=require "
+                               "forbids the torch route")
 
 
 @contextlib.contextmanager
@@ -439,14 +492,14 @@ def default_native(robot, algorithm: str, state: list[Tensor], passive: bool, f_
     """``algorithm`` by native kernels for a public function, or ``None`` where the torch code must
     run: another device or dtype, mimic joints, inside ``torch.func`` transforms or
     ``torch.compile``, mode ``"never"``, or a kernel that is not built (mode ``"auto"``)."""
-    mode = _MODE[0]
-    if mode == "never":
-        return None
     x = state[0]
-    if not x.is_cpu or x.dtype not in _DTYPES:
-        return None
+    why = native_refusal(x)
     tree = robot.tree
-    if tree.coords is not None or torch._C._are_functorch_transforms_active() or torch.compiler.is_compiling():
+    if why is None and tree.coords is not None:
+        why = "mimic joints"
+    if why is not None:
+        if _MODE[0] == "require":
+            leave_native(f"{robot.name}: {algorithm}", why)
         return None
     calls = _CALLS.get(tree)
     if calls is None:
@@ -454,10 +507,11 @@ def default_native(robot, algorithm: str, state: list[Tensor], passive: bool, f_
     key = (algorithm, passive, f_ext)
     call = calls.get(key)
     if call is None:
-        call = calls[key] = NativeCall(tree, algorithm, passive, f_ext, build=mode == "build")
+        call = calls[key] = NativeCall(tree, algorithm, passive, f_ext, build=building())
     try:
         return call_native(call, state, robot)
-    except NativeUnavailable:
+    except NativeUnavailable as err:
+        leave_native(f"{robot.name}: {algorithm}", unavailable_reason(err))
         return None
 
 

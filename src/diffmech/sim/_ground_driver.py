@@ -38,7 +38,8 @@ typedef void (*assemble_SUFFIX_t)(int64_t B, int64_t nv, int64_t K, const REAL *
 typedef void (*apply_SUFFIX_t)(int64_t B, int64_t nv, int64_t R, const REAL *W, const REAL *lam, const REAL *vf,
                                REAL *u, REAL *v1);
 typedef void (*pgs_SUFFIX_t)(int64_t B, int64_t K, const REAL *A, const REAL *c, const REAL *mu, REAL *lam,
-                             int64_t iterations, double tol, int64_t check_every, int64_t *iters, double *res);
+                             int64_t iterations, double tol, int64_t check_every, int64_t newton, int64_t *iters,
+                             double *res);
 typedef void (*back1_SUFFIX_t)(int64_t B, int64_t nv, int64_t R, const REAL *g, const REAL *J, const REAL *W,
                                const REAL *L, REAL *y, REAL *g_lam, REAL *A);
 typedef int64_t (*vjp_SUFFIX_t)(int64_t B, int64_t K, const REAL *A, const REAL *c, const REAL *mu,
@@ -51,10 +52,11 @@ typedef void (*back2_SUFFIX_t)(int64_t B, int64_t nv, int64_t K, const REAL *g, 
 
 /* what a rollout's steps share: sizes, constants, the kernels' addresses (see Ground in Python) */
 struct ground_SUFFIX {
-    int64_t B, nq, nv, nb, nl, off, col, nd, limits, iterations, check_every, advance;
+    int64_t B, nq, nv, nb, nl, off, col, nd, limits, iterations, check_every, advance, newton, n_red;
     double dt, baumgarte, bounce_speed, tol, series;
     void *stage, *stage_vjp, *adv, *adv_vjp, *assemble, *apply, *pgs, *back1, *vjp, *back2;
     const REAL *C, *drives, *balls, *dtcol, *coef, *lo, *hi;
+    double *g_red; /* n_red: the model-tensor elements' cotangents, summed over the batch and the steps */
 };
 
 static int64_t n_out_SUFFIX(const struct ground_SUFFIX *g) {
@@ -151,7 +153,8 @@ static int small_turn_SUFFIX(const struct ground_SUFFIX *g, const REAL *v1) {
 
 /* One step. out_qv (B, nq + nv): the next state; v1 (B, nv): the velocity before the position update
    (all the caller needs when TORCH_ADVANCE is returned); slots (nb + 2 nl,), lam (B, K, 3): the rows kept
-   and their impulses; info_i = (K, sweeps), info_d = (residual, deepest penetration). */
+   and their impulses; info_i = (K, sweeps, Newton iterations, environments not converged), info_d = (residual,
+   deepest penetration, violation in m/s). */
 int64_t forward_SUFFIX(const struct ground_SUFFIX *g, const REAL *q, const REAL *v, const REAL *tau,
                        int64_t prev_K, const int64_t *prev_slots, const REAL *prev_lam, REAL *out_qv, REAL *v1,
                        int64_t *slots, REAL *lam, int64_t *info_i, double *info_d) {
@@ -162,9 +165,8 @@ int64_t forward_SUFFIX(const struct ground_SUFFIX *g, const REAL *q, const REAL 
     ((lane_SUFFIX)g->stage)(state, g->C, out, 0, 0, B);
     const int64_t K = select_SUFFIX(g, out, q, v, slots), R = 3 * K;
     info_i[0] = K;
-    info_i[1] = 0;
-    info_d[0] = 0;
-    info_d[1] = 0;
+    info_i[1] = info_i[2] = info_i[3] = 0;
+    info_d[0] = info_d[1] = info_d[2] = 0;
     if (K == 0) {
         for (int64_t b = 0; b < B; ++b) memcpy(v1 + b * nv, out + b * no, sizeof(REAL) * (size_t)nv);
     } else {
@@ -189,15 +191,18 @@ int64_t forward_SUFFIX(const struct ground_SUFFIX *g, const REAL *q, const REAL 
                         for (int64_t x = 0; x < 3; ++x) lam[b * R + 3 * k + x] = prev_lam[(b * prev_K + j) * 3 + x];
                     break;
                 }
-        int64_t it = 0;
-        double res = 0;
-        ((pgs_SUFFIX_t)g->pgs)(B, K, A, c, mu, lam, g->iterations, g->tol, g->check_every, &it, &res);
+        int64_t it[2] = {0, 0};
+        double res[3] = {0, 0, 0};
+        ((pgs_SUFFIX_t)g->pgs)(B, K, A, c, mu, lam, g->iterations, g->tol, g->check_every, g->newton, it, res);
         ((apply_SUFFIX_t)g->apply)(B, nv, R, W, lam, vf, u, v1);
         double deepest = 0;
         for (int64_t i = 0; i < B * K; ++i) deepest = -(double)phi[i] > deepest ? -(double)phi[i] : deepest;
-        info_i[1] = it;
-        info_d[0] = res;
+        info_i[1] = it[0];
+        info_i[2] = it[1];
+        info_i[3] = (int64_t)res[2];
+        info_d[0] = res[0];
         info_d[1] = deepest;
+        info_d[2] = res[1];
         free(J);
     }
     free(out);
@@ -210,7 +215,8 @@ int64_t forward_SUFFIX(const struct ground_SUFFIX *g, const REAL *q, const REAL 
 /* The reverse of the step from (q, v) under tau that kept the rows slots (K) with impulses lam, for the
    cotangents aq, av of its next state: g_q, g_v, g_tau (B, .); the cotangents of the constant inputs
    (drives, balls, dt) summed over the batch are added to g_consts, those of each ball's friction and
-   restitution to g_mu, g_e (nb,). Nothing is written to g_consts, g_mu, g_e unless 0 is returned. */
+   restitution to g_mu, g_e (nb,), those of the model tensors' elements the stage's reverse mode reduces (the
+   learnable parameters) to g->g_red. Nothing is written to them unless 0 is returned. */
 int64_t backward_SUFFIX(const struct ground_SUFFIX *g, const REAL *q, const REAL *v, const REAL *tau, int64_t K,
                         const int64_t *slots, const REAL *lam, const REAL *aq, const REAL *av, REAL *g_q, REAL *g_v,
                         REAL *g_tau, double *g_consts, double *g_mu, double *g_e) {
@@ -224,6 +230,7 @@ int64_t backward_SUFFIX(const struct ground_SUFFIX *g, const REAL *q, const REAL
                               + B * (nv + R + R * R + 3 * R + K + R * nv + 2 * nv + 2 * K + nv * nv));
     REAL *buf = (REAL *)calloc(n ? n : 1, sizeof(REAL));
     int64_t *ok = (int64_t *)malloc(sizeof(int64_t) * (size_t)(B ? B : 1));
+    double *red = (double *)calloc((size_t)(g->n_red ? g->n_red : 1), sizeof(double));
     REAL *out = buf, *g_out = out + B * no, *g_adv = g_out + B * no, *g_advin = g_adv + B * (nq + nv);
     REAL *v1 = g_advin + B * (nq + nv + 1), *gs = v1 + B * nv, *g_lim = gs + B * ns;
     REAL *J = g_lim + B * nq, *phi = J + B * R * nv, *mu = phi + B * K, *e = mu + B * K, *L = e + B * K;
@@ -287,7 +294,7 @@ int64_t backward_SUFFIX(const struct ground_SUFFIX *g, const REAL *q, const REAL
             memcpy(g_out + b * no, g_advin + b * (nq + nv + 1) + nq, sizeof(REAL) * (size_t)nv);
     }
     state[n_in] = g_out;
-    ((lane_SUFFIX)g->stage_vjp)(state, g->C, gs, 0, 0, B);
+    ((lane_SUFFIX)g->stage_vjp)(state, g->C, gs, g->n_red ? red : 0, 0, B);
     for (int64_t b = 0; b < B; ++b) {
         const REAL *gsb = gs + b * ns, *gab = g_advin + b * (nq + nv + 1);
         for (int64_t i = 0; i < nq; ++i) {
@@ -306,6 +313,7 @@ int64_t backward_SUFFIX(const struct ground_SUFFIX *g, const REAL *q, const REAL
     if (status) goto done;
     for (int64_t b = 0; b < B; ++b)
         for (int64_t i = 0; i < nc; ++i) g_consts[i] += (double)gs[b * ns + nq + 2 * nv + i];
+    for (int64_t i = 0; i < g->n_red; ++i) g->g_red[i] += red[i];
     for (int64_t k = 0; k < K; ++k) {
         if (slots[k] >= nb) continue;
         for (int64_t b = 0; b < B; ++b) {
@@ -316,6 +324,7 @@ int64_t backward_SUFFIX(const struct ground_SUFFIX *g, const REAL *q, const REAL
 done:
     free(buf);
     free(ok);
+    free(red);
     return status;
 }
 """
@@ -336,11 +345,11 @@ class Ground(ctypes.Structure):
     friction and restitution ``(2, nb)``, the joint limits ``(nl,)``."""
 
     _fields_ = ([(n, ctypes.c_int64) for n in ("B", "nq", "nv", "nb", "nl", "off", "col", "nd", "limits",
-                                                "iterations", "check_every", "advance")]
+                                                "iterations", "check_every", "advance", "newton", "n_red")]
                 + [(n, ctypes.c_double) for n in ("dt", "baumgarte", "bounce_speed", "tol", "series")]
                 + [(n, ctypes.c_void_p) for n in ("stage", "stage_vjp", "adv", "adv_vjp", "assemble", "apply", "pgs",
                                                   "back1", "vjp", "back2", "C", "drives", "balls", "dtcol", "coef",
-                                                  "lo", "hi")])
+                                                  "lo", "hi", "g_red")])
 
 _LIB: list = []
 

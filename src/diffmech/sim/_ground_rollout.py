@@ -33,13 +33,13 @@ import torch
 from torch import Tensor
 
 from ..contact import pgs_native, update_native
-from ..contact.pgs import implicit_vjp
+from ..contact.pgs import NEWTON_ITERATIONS, implicit_vjp
 from ..dynamics import kernels
 from ..dynamics.kernel_store import NativeUnavailable
 from ..dynamics.kinematics import advance_floating_base
 from ..dynamics.lanes import SERIES_BELOW
 from . import _ground_driver as _driver
-from ._ground_step import GroundPlan, _balls, _requires_grad, coefficients, ground_plan
+from ._ground_step import GroundPlan, _balls, coefficients, ground_plan
 from .scene import Scene
 
 __all__ = ["GroundStepper", "ground_stepper"]
@@ -71,7 +71,8 @@ class GroundStepper:
     environments, ``dtype``, time step ``dt`` (s). :meth:`step` is the forward step,
     :meth:`vjp` its reverse; :meth:`parameter_grads` the cotangents of the scene's tensors."""
 
-    def __init__(self, scene: Scene, plan: GroundPlan, B: int, dtype: torch.dtype, dt: float):
+    def __init__(self, scene: Scene, plan: GroundPlan, B: int, dtype: torch.dtype, dt: float,
+                 fields: tuple[int, ...] = ()):
         n = plan.name
         m = scene.models[n]
         self.scene, self.plan, self.B, self.dtype, self.dt = scene, plan, B, dtype, float(dt)
@@ -79,7 +80,11 @@ class GroundStepper:
         nv, nb = self.nv, self.nb
         self.o_L, self.o_phi, self.o_rows = nv, nv + nv * nv, nv + nv * nv + nb
         self.stage = plan.call.kernel(dtype)
-        self.stage_vjp = plan.call.kernel(dtype, True, ())
+        # the reverse mode; with ``fields`` (model tensors that require grad) it also sums their elements'
+        # cotangents over the batch, which the steps add up and parameter_grads pulls back once
+        self.fields = fields
+        self.field_sizes = [plan.call.offsets[i][1] for i in fields]
+        self.stage_vjp = plan.call.kernel(dtype, True, fields)
         _, self.C = m.model_tensors_flat(dtype)
         self.C = self.C.detach()
         with torch.no_grad():
@@ -115,7 +120,7 @@ class GroundStepper:
         self.floating = m.floating_base
         self.model = m
         s = "f64" if dtype == torch.float64 else "f32"
-        self.iterations, self.tol = scene.iterations, scene.tol
+        self.iterations, self.tol, self.newton = scene.iterations, scene.tol, NEWTON_ITERATIONS
         self.baumgarte, self.bounce_speed = scene.baumgarte, scene.bounce_speed
         self._s = s
         self.n_slots = nb + 2 * self.nl
@@ -137,7 +142,8 @@ class GroundStepper:
                           ("off", self.off), ("col", self.col),
                           ("nd", self.consts[0].shape[1] if self.plan.n_drives else 0),
                           ("limits", int(self.limits)), ("iterations", self.iterations),
-                          ("check_every", CHECK_EVERY), ("advance", int(self.advance is not None))):
+                          ("check_every", CHECK_EVERY), ("advance", int(self.advance is not None)),
+                          ("newton", self.newton), ("n_red", self.g_red.numel())):
             setattr(g, name, int(val))
         for name, val in (("dt", self.dt), ("baumgarte", self.baumgarte), ("bounce_speed", self.bounce_speed),
                           ("tol", self.tol), ("series", SERIES_BELOW)):
@@ -156,11 +162,12 @@ class GroundStepper:
         g.C, g.coef, g.lo, g.hi = (x.data_ptr() for x in (self.C, self._coef_t, self.lo, self.hi))
         g.drives = self.consts[0].data_ptr() if self.plan.n_drives else None
         g.balls, g.dtcol = self.consts[-2].data_ptr(), self.consts[-1].data_ptr()
+        g.g_red = self.g_red.data_ptr() if self.g_red.numel() else None
         self.ground = g
         self.ground_ref = ctypes.byref(g)
         self._slot_buf = np.zeros(max(self.n_slots, 1), dtype=np.int64)
-        self._info_i = np.zeros(2, dtype=np.int64)
-        self._info_d = np.zeros(2, dtype=np.float64)
+        self._info_i = np.zeros(4, dtype=np.int64)
+        self._info_d = np.zeros(3, dtype=np.float64)
         return getattr(lib, f"forward_{s}"), getattr(lib, f"backward_{s}")
 
     def reset(self) -> None:
@@ -169,6 +176,9 @@ class GroundStepper:
         self.g_consts = torch.zeros(width, dtype=torch.float64)
         self.g_mu = np.zeros(self.nb)
         self.g_e = np.zeros(self.nb)
+        if not hasattr(self, "g_red"):  # the driver holds its address: zeroed in place from now on
+            self.g_red = torch.zeros(sum(self.field_sizes), dtype=torch.float64)
+        self.g_red.zero_()
 
     # ------------------------------------------------------------ the step
     def _stage(self, q: Tensor, v: Tensor, tau: Tensor) -> tuple[list, Tensor]:
@@ -260,8 +270,8 @@ class GroundStepper:
         slots = self._slots(balls, limits)
         K = len(slots)
         if not K:
-            info.update(candidates=0, iterations=0, residual=0.0, penetration=0.0, fallbacks=0,
-                        lam=Contacts(_EMPTY, out.new_zeros(B, 0, 3)))
+            info.update(candidates=0, iterations=0, residual=0.0, penetration=0.0, fallbacks=0, newton=0,
+                        violation=0.0, unconverged=0, lam=Contacts(_EMPTY, out.new_zeros(B, 0, 3)))
             return self._advance(q, v_free)
         J, phi, mu, e = self._problem(out, q, balls, limits)
         L = out[:, self.o_L:self.o_phi].view(B, nv, nv)
@@ -272,11 +282,12 @@ class GroundStepper:
             full = np.zeros((B, self.nb + 2 * self.nl, 3), dtype=self.np_dtype)
             full[:, warm.slots] = warm.lam.numpy()
             lam0 = torch.from_numpy(full[:, slots])
-        lam, it, res = pgs_native.native_sweeps(A, c, mu, self.iterations, self.tol, CHECK_EVERY, lam0)
+        lam, st = pgs_native.native_sweeps(A, c, mu, self.iterations, self.tol, CHECK_EVERY, lam0, self.newton)
         _, v1 = update_native.apply_native(W, lam, v_free)
         q1, v1 = self._advance(q, v1)
         p = phi.numpy()
-        info.update(candidates=K, iterations=it, residual=res, fallbacks=0,
+        info.update(candidates=K, iterations=st.sweeps, residual=st.residual, fallbacks=0, newton=st.newton,
+                    violation=st.violation, unconverged=st.unconverged,
                     penetration=max(float(-p.min()), 0.0) + 0.0, lam=Contacts(slots, lam))
         return q1, v1
 
@@ -296,6 +307,7 @@ class GroundStepper:
                                 self._info_d.ctypes.data)
         K, it = int(self._info_i[0]), int(self._info_i[1])
         info.update(candidates=K, iterations=it, residual=float(self._info_d[0]), fallbacks=0,
+                    newton=int(self._info_i[2]), unconverged=int(self._info_i[3]), violation=float(self._info_d[2]),
                     penetration=float(self._info_d[1]) + 0.0,
                     lam=Contacts(slots[:K].copy(), lam[:B * 3 * K].view(B, K, 3).clone()))
         if status == _driver.TORCH_ADVANCE:
@@ -359,6 +371,8 @@ class GroundStepper:
         else:
             go[:, :nv] = g_v1.numpy()
         g_state = self.stage_vjp(state + [g_out], C=self.C)
+        if self.fields:
+            g_state, red = g_state
         nq = self.nq
         g_q = g_state[:, :nq] + g_q_adv
         if g_q_lim is not None:
@@ -367,8 +381,11 @@ class GroundStepper:
         if g_v is not None:
             g_vv = g_vv + g_v
         g_tau = g_state[:, nq + nv:nq + 2 * nv]
-        self.g_consts += g_state[:, nq + 2 * nv:].sum(0, dtype=torch.float64)
         finite = all(bool(np.isfinite(x.numpy()).all()) for x in (g_q, g_vv, g_tau))
+        if finite:  # as the driver: the summed cotangents only from a finite step
+            self.g_consts += g_state[:, nq + 2 * nv:].sum(0, dtype=torch.float64)
+            if self.fields:
+                self.g_red += red.to(torch.float64)
         return g_q, g_vv, g_tau, finite
 
     def _driver_vjp(self, q: Tensor, v: Tensor, tau: Tensor, kept: Contacts, aq: Tensor, av: Tensor
@@ -424,6 +441,14 @@ class GroundStepper:
             if c.requires_grad:
                 outs.append(c.reshape(-1))
                 grads.append(torch.from_numpy(g).to(c.dtype))
+        if self.fields:  # the robot's model tensors, derived from its learnable parameters with a graph
+            mt, _ = scene.models[plan.name].model_tensors_flat(dtype)
+            o = 0
+            for i, size in zip(self.fields, self.field_sizes):
+                if mt[i].requires_grad:
+                    outs.append(mt[i])
+                    grads.append(self.g_red[o:o + size].view(mt[i].shape).to(mt[i].dtype))
+                o += size
         wanted = [p for p in params if p.requires_grad]
         if not outs or not wanted:
             return [None] * len(params)
@@ -431,21 +456,36 @@ class GroundStepper:
         return [next(got) if p.requires_grad else None for p in params]
 
 
-def ground_stepper(scene: Scene, q0: Tensor, dt: float, policy: bool) -> GroundStepper | None:
+def ground_stepper(scene: Scene, q0: Tensor, dt: float, why: list | None = None) -> GroundStepper | None:
     """A :class:`GroundStepper` for a rollout of ``scene`` from ``q0 (B, nq)``, or ``None`` where the
-    rollout keeps :func:`~diffmech.sim.contact_step`: a policy (its graph is autograd's), a scene the
-    native route does not serve (:func:`~diffmech.sim._ground_step.ground_plan`), a robot parameter
-    or a joint limit that requires grad, the contact problem's C kernels unavailable."""
-    if policy or not isinstance(scene, Scene):
+    rollout keeps :func:`~diffmech.sim.contact_step`, with the reason appended to ``why``: a scene the
+    native route does not serve (:func:`~diffmech.sim._ground_step.ground_plan`), a joint limit that
+    requires grad, the contact problem's C kernels unavailable, or the reverse mode for the robot's
+    learnable parameters not built. Call it with grad mode on (not inside an autograd function's
+    forward): which of the robot's model tensors require grad decides the stage's reverse mode."""
+    why = [] if why is None else why
+    if not isinstance(scene, Scene):
+        why.append("not a Scene")
         return None
-    plan = ground_plan(scene, q0, MAX_STATES)
+    plan = ground_plan(scene, q0, MAX_STATES, why)
     if plan is None:
         return None
     m = scene.models[plan.name]
-    mt, _ = m.model_tensors_flat(q0.dtype)
     lim = m.joint_limits()
-    if _requires_grad(plan, mt) or lim["lower"].requires_grad or lim["upper"].requires_grad:
+    if lim["lower"].requires_grad or lim["upper"].requires_grad:
+        why.append("joint limits require grad")
         return None
     if not update_native.available(q0) or not pgs_native.enabled() or pgs_native._library() is None:
+        why.append("the contact kernels cannot be built (no C compiler)")
         return None
-    return GroundStepper(scene, plan, q0.shape[0], q0.dtype, dt)
+    with torch.enable_grad():
+        mt, _ = m.model_tensors_flat(q0.dtype)
+    wanted = [t.requires_grad for t in mt]
+    fields = plan.call.fields_read(wanted) if any(wanted) else ()
+    if fields:
+        try:
+            plan.call.kernel(q0.dtype, True, fields)
+        except NativeUnavailable as err:
+            why.append("learnable parameters: " + kernels.unavailable_reason(err))
+            return None
+    return GroundStepper(scene, plan, q0.shape[0], q0.dtype, dt, fields)

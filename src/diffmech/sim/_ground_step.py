@@ -65,17 +65,29 @@ class GroundPlan:
         self.limits: tuple = (None, True)  # the limit tensors (and versions) last seen, and whether one is finite
 
 
-def _eligible(scene: Scene) -> bool:
-    if len(scene.names) != 1 or not scene.ground or scene.solver != "pgs" or scene.self_collision:
-        return False
+def _ineligible(scene: Scene) -> str | None:
+    """Why the native step does not serve ``scene`` (``None``: it does)."""
+    if len(scene.names) != 1:
+        return f"{len(scene.names)} models in the scene"
+    if not scene.ground:
+        return "no ground"
+    if scene.solver != "pgs":
+        return f"solver {scene.solver!r}"
+    if scene.self_collision:
+        return "self-collision"
     n = scene.names[0]
     m = scene.models[n]
     shapes = scene.shapes[n]
-    return bool(shapes) and m.tree.coords is None and all(sh.kind in _KINDS for shs in shapes.values() for sh in shs)
+    if not shapes:
+        return "no collision shape"
+    if m.tree.coords is not None:
+        return "mimic joints"
+    kinds = sorted({sh.kind for shs in shapes.values() for sh in shs} - set(_KINDS))
+    return f"{', '.join(kinds)} shapes" if kinds else None
 
 
 def _plan(scene: Scene, dtype: torch.dtype) -> GroundPlan | None:
-    if not _eligible(scene):
+    if _ineligible(scene) is not None:
         return None
     n = scene.names[0]
     m = scene.models[n]
@@ -117,29 +129,35 @@ def _balls(scene: Scene, plan: GroundPlan, dtype: torch.dtype) -> Tensor:
     return torch.cat(out)[None]
 
 
-def ground_plan(scene: Scene, x: Tensor, max_states: int | None = MAX_BALL_STATES) -> GroundPlan | None:
+def ground_plan(scene: Scene, x: Tensor, max_states: int | None = MAX_BALL_STATES,
+                why: list | None = None) -> GroundPlan | None:
     """The scene's plan where the native stage applies to states like ``x (B, nq)`` (CPU, float32/64,
     native kernels not turned off, no ``torch.func`` transform, ``B`` times the balls at most
-    ``max_states``: ``None`` for no limit), else ``None``."""
-    mode = kernels._MODE[0]
-    if mode == "never" or not x.is_cpu or x.dtype not in (torch.float64, torch.float32) \
-            or torch._C._are_functorch_transforms_active():
-        return None
-    plans = _PLANS.get(scene)
-    if plans is None:
-        plans = _PLANS[scene] = {}
-    if x.dtype not in plans:
-        plans[x.dtype] = _plan(scene, x.dtype)
-    plan = plans[x.dtype]
-    if plan is None or max_states is not None and x.shape[0] * len(plan.links) > max_states:
-        return None
-    plan.call.build = mode == "build"
-    try:  # the value's kernel and its reverse mode's: a step and its replay in the backward pass run the same code
-        plan.call.kernel(x.dtype)
-        plan.call.kernel(x.dtype, True, ())
-    except NativeUnavailable:
-        return None
-    return plan
+    ``max_states``: ``None`` for no limit), else ``None``, with the reason appended to ``why``."""
+    reason = kernels.native_refusal(x)
+    if reason is None:
+        plans = _PLANS.get(scene)
+        if plans is None:
+            plans = _PLANS[scene] = {}
+        if x.dtype not in plans:
+            plans[x.dtype] = _plan(scene, x.dtype)
+        plan = plans[x.dtype]
+        if plan is None:
+            reason = _ineligible(scene) or "scene"
+        elif max_states is not None and x.shape[0] * len(plan.links) > max_states:
+            reason = f"batch ({x.shape[0]} x {len(plan.links)} balls > {max_states})"
+        else:
+            plan.call.build = kernels.building()
+            try:  # the value's kernel and its reverse mode's: a step and its replay run the same code
+                plan.call.kernel(x.dtype)
+                plan.call.kernel(x.dtype, True, ())
+            except NativeUnavailable as err:
+                reason = kernels.unavailable_reason(err)
+            else:
+                return plan
+    if why is not None:
+        why.append(reason)
+    return None
 
 
 class Stage(NamedTuple):

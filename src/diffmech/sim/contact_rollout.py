@@ -22,6 +22,7 @@ trajectory and gradient as the steps below, several times faster for one robot.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -29,9 +30,15 @@ from torch import Tensor
 
 from ..dynamics._jacobian import JACOBIAN_MAX_BATCH, one_thread
 from ..errors import ShapeError, SimulationError
-from ._ground_rollout import ground_stepper
 from .contact_step import contact_step
+from .route import rollout_route, warn_unconverged
 from .scene import Scene
+
+# The checkpointed adjoint's default memory: the warm starts kept for the backward pass (the states
+# are the returned trajectory) stay under this many bytes; beyond it every other checkpoint is dropped
+# (the spacing doubles), so the memory is flat in the horizon and the backward pass recomputes at most
+# one forward step per step.
+CHECKPOINT_BUDGET = 8 << 20
 
 __all__ = ["scene_rollout"]
 
@@ -56,18 +63,19 @@ def _check(k: int, q: Tensor, v: Tensor) -> None:
 
 class _Checkpointed(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, scene, ctrl, dt, T, K, stats, q0, v0, tau, *params):
+    def forward(ctx, scene, ctrl, dt, T, K, stats, stepper, route, q0, v0, tau, *params):
         Q = [q0.detach()]
         V = [v0.detach()]
         q, v = Q[0], V[0]
-        info_all = {"iterations": 0, "residual": 0.0, "penetration": 0.0, "candidates": 0}
-        fallbacks = 0
+        info_all = {"iterations": 0, "newton": 0, "residual": 0.0, "violation": 0.0, "penetration": 0.0,
+                    "candidates": 0}
+        fallbacks = unconverged = 0
         # the solver's warm start of step k (k a checkpoint), for the bit-for-bit recomputation
         warm: dict[int, dict] = {0: {}}
         prev: dict = {}
-        # one robot on the ground, a torque sequence: the steps and their reverse on the native kernels
-        # directly, without autograd (diffmech.sim._ground_rollout); else contact_step and its replay
-        stepper = ground_stepper(scene, q0, dt, tau is None)
+        auto = K is None  # the spacing doubles whenever the warm starts kept outgrow CHECKPOINT_BUDGET
+        K, kept = (1 if auto else K), 0
+        # stepper: the steps and their reverse in C (diffmech.sim._ground_rollout); else contact_step and its replay
         step = contact_step if stepper is None else stepper.step
         with torch.no_grad():
             for k in range(T):
@@ -76,13 +84,19 @@ class _Checkpointed(torch.autograd.Function):
                 prev = info["lam"]
                 if ((k + 1) % K == 0 and k + 1 < T) or k + 1 == T:  # the last: the final step's own impulses
                     warm[k + 1] = prev
+                    kept += _nbytes(prev)
+                    if auto and kept > CHECKPOINT_BUDGET and K < T:
+                        K *= 2
+                        warm = {j: w for j, w in warm.items() if j % K == 0 or j == k + 1 == T}
+                        kept = sum(_nbytes(w) for w in warm.values())
                 if k % 32 == 31 or k == T - 1:
                     _check(k, q, v)
-                info_all["iterations"] = max(info_all["iterations"], info["iterations"])
-                info_all["residual"] = max(info_all["residual"], info["residual"])
-                info_all["penetration"] = max(info_all["penetration"], info["penetration"])
-                info_all["candidates"] = max(info_all["candidates"], info["candidates"])
+                for key in ("iterations", "newton", "residual", "violation", "penetration", "candidates"):
+                    info_all[key] = max(info_all[key], info.get(key, 0))
                 fallbacks += info["fallbacks"]
+                if info.get("unconverged"):
+                    unconverged += info["unconverged"]
+                    warn_unconverged(scene, info, f"rollout step {k}")
                 Q.append(q)
                 V.append(v)
         Qs, Vs = torch.stack(Q, 1), torch.stack(V, 1)
@@ -91,6 +105,8 @@ class _Checkpointed(torch.autograd.Function):
         if stats is not None:
             stats.update({f"contact_{k}_max": x for k, x in info_all.items()})
             stats["contact_fallbacks"] = fallbacks
+            stats["contact_unconverged"] = unconverged
+            stats["route"] = route
             stats["checkpoint_every"] = K
             stats["saved_state_bytes"] = (Qc.numel() + Vc.numel()) * Qc.element_size() + sum(
                 t.numel() * t.element_size() for w in warm.values() for t in w.values())
@@ -105,7 +121,7 @@ class _Checkpointed(torch.autograd.Function):
         Qc, Vc, tau, *params = ctx.saved_tensors
         T, K = ctx.T, ctx.K
         aq, av = gQ[:, T].clone(), gV[:, T].clone()
-        gtau = torch.zeros_like(tau) if ctx.has_tau and ctx.needs_input_grad[8] else None
+        gtau = torch.zeros_like(tau) if ctx.has_tau and ctx.needs_input_grad[10] else None
         gp = [torch.zeros_like(p) for p in params]
         seg_bytes = 0
         if ctx.stepper is not None:
@@ -126,7 +142,12 @@ class _Checkpointed(torch.autograd.Function):
                     gp[i] = gp[i] + g
         if ctx.stats is not None:
             ctx.stats["backward_segment_bytes"] = seg_bytes
-        return (None, None, None, None, None, None, aq, av, gtau, *gp)
+        return (None, None, None, None, None, None, None, None, aq, av, gtau, *gp)
+
+
+def _nbytes(warm) -> int:
+    """Bytes of the tensors of a step's warm start (a dict of impulses or the stepper's ``Contacts``)."""
+    return sum(t.numel() * t.element_size() for t in warm.values())
 
 
 def _segment(ctx, q: Tensor, v: Tensor, tau: Tensor, s: int, e: int) -> list[tuple[int, Tensor, Tensor, dict]]:
@@ -148,7 +169,21 @@ def _reverse(ctx, gQ, gV, seg, tau, params, aq, av, gtau, gp):
     scene, ctrl, dt = ctx.scene, ctx.ctrl, ctx.dt
     for k, qk, vk, warm, lam in reversed(seg):
         if ctx.stepper is not None:
-            gq, gv, gt, finite = ctx.stepper.vjp(qk, vk, tau[:, k], lam, aq, av)
+            if ctx.has_tau:
+                gq, gv, gt, finite = ctx.stepper.vjp(qk, vk, tau[:, k], lam, aq, av)
+            else:  # a policy: the step's reverse in C, then the policy's graph by autograd
+                with torch.enable_grad():
+                    q = qk.detach().requires_grad_()
+                    v = vk.detach().requires_grad_()
+                    u = ctrl(k, q, v, None)
+                gq, gv, gt, finite = ctx.stepper.vjp(qk, vk, u.detach(), lam, aq, av)
+                if finite and u.requires_grad:
+                    gs = torch.autograd.grad(u, [q, v, *params], gt.to(u.dtype), allow_unused=True)
+                    gq = gq + gs[0] if gs[0] is not None else gq
+                    gv = gv + gs[1] if gs[1] is not None else gv
+                    for i, g in enumerate(gs[2:]):
+                        if g is not None:
+                            gp[i] = gp[i] + g
             if not finite:
                 raise SimulationError(f"scene rollout backward: non-finite gradient at step {k}")
             aq, av = gQ[:, k] + gq, gV[:, k] + gv
@@ -214,7 +249,7 @@ def scene_rollout(
     dt: float,
     *,
     adjoint: str = "checkpoint",
-    checkpoint_every: int = 1,
+    checkpoint_every: int | None = None,
     steps: int | None = None,
     params: Sequence[Tensor] | None = None,
     progress: bool = False,
@@ -222,21 +257,35 @@ def scene_rollout(
 ) -> tuple[Tensor, Tensor]:
     """Simulate a scene; shapes and meaning as :func:`diffmech.sim.rollout` (``q0 (..., nq)``,
     ``v0 (..., nv)``, ``tau (..., T, nv)`` or a policy ``f(t, q, v)``; returns ``(..., T+1, nq)``
-    and ``(..., T+1, nv)``). ``stats`` receives ``contact_iterations_max``,
-    ``contact_residual_max`` (the solver's last relative impulse change, largest over the steps),
-    ``contact_penetration_max`` (m), ``contact_candidates_max``, ``contact_fallbacks`` (steps x
-    environments where the smooth solver's relaxed problem had no root found and the hard solution
-    stood in, see :func:`~diffmech.sim.contact_step`) and, with the checkpointed adjoint,
-    ``checkpoint_every`` and ``saved_state_bytes`` (states and warm-start impulses kept for the
-    backward pass: every ``checkpoint_every``-th; with 1 the returned trajectory itself); after
-    the backward pass, ``backward_segment_bytes``: the largest segment of states recomputed at
-    once (0 with 1)."""
+    and ``(..., T+1, nv)``).
+
+    ``checkpoint_every``: ``None`` (default) picks the spacing: every state's warm start is kept
+    while they take at most :data:`CHECKPOINT_BUDGET` bytes, then the spacing doubles as often as
+    needed, so the memory the backward pass keeps is flat in the horizon; an integer fixes it.
+
+    ``stats`` receives ``route`` (the implementation that ran, see :mod:`diffmech.sim.route`:
+    ``"native"`` or ``"torch: <why>"``), ``contact_iterations_max`` (sweeps),
+    ``contact_newton_max`` (Newton iterations after them), ``contact_residual_max`` (the contact
+    conditions' residual relative to the impulses, largest over the steps),
+    ``contact_violation_max`` (m/s: the largest velocity error of a contact condition),
+    ``contact_unconverged`` (steps x environments whose solve stopped short of the tolerance; warned
+    once per scene), ``contact_penetration_max`` (m), ``contact_candidates_max``,
+    ``contact_fallbacks`` (steps x environments where the smooth solver's relaxed problem had no root
+    found and the hard solution stood in, see :func:`~diffmech.sim.contact_step`) and, with the
+    checkpointed adjoint, ``checkpoint_every`` (the spacing used) and ``saved_state_bytes`` (states
+    and warm-start impulses kept for the backward pass: every ``checkpoint_every``-th; with 1 the
+    returned trajectory itself); after the backward pass, ``backward_segment_bytes``: the largest
+    segment of states recomputed at once (0 with 1)."""
     if adjoint not in ("checkpoint", "autograd"):
         from ..errors import OptionError
 
         raise OptionError(f"rollout: unknown adjoint {adjoint!r}; choose from ('checkpoint', 'autograd')")
-    if not isinstance(checkpoint_every, int) or isinstance(checkpoint_every, bool) or checkpoint_every < 1:
-        raise ShapeError(f"rollout: checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
+    if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or isinstance(checkpoint_every, bool)
+                                         or checkpoint_every < 1):
+        raise ShapeError(f"rollout: checkpoint_every must be None or an integer >= 1, got {checkpoint_every!r}")
+    if not isinstance(dt, (int, float)) or isinstance(dt, bool) or not (math.isfinite(dt) and dt > 0):
+        raise ShapeError(f"rollout: dt must be a positive finite number of seconds, got {dt!r}")
+    dt = float(dt)
     if q0.shape[-1] != scene.nq or v0.shape[-1] != scene.nv:
         raise ShapeError(f"rollout: the scene has nq={scene.nq}, nv={scene.nv}; got q0 {tuple(q0.shape)}, "
                          f"v0 {tuple(v0.shape)}")
@@ -273,6 +322,9 @@ def scene_rollout(
 
         bar = tqdm(total=T, desc="rollout", disable=None)
     if adjoint == "autograd":
+        _, route = rollout_route(scene, q0f, dt, adjoint)
+        if stats is not None:
+            stats["route"] = route
         q, v = q0f, v0f
         Q, V = [q], [v]
         warm: dict = {}
@@ -289,9 +341,11 @@ def scene_rollout(
         Qs, Vs = torch.stack(Q, 1), torch.stack(V, 1)
     else:
         ps = _trainable(scene, policy, params or [])
-        if policy is not None:
+        if policy is not None and torch.is_grad_enabled():  # no backward pass without grad mode: nothing to refuse
             _probe(policy, q0f, v0f, batch, scene, ps)
-        Qs, Vs = _Checkpointed.apply(scene, ctrl, dt, T, min(checkpoint_every, max(T, 1)), stats, q0f, v0f, tauf, *ps)
+        stepper, route = rollout_route(scene, q0f, dt, adjoint)
+        K = None if checkpoint_every is None else min(checkpoint_every, max(T, 1))
+        Qs, Vs = _Checkpointed.apply(scene, ctrl, dt, T, K, stats, stepper, route, q0f, v0f, tauf, *ps)
         if progress:
             bar.update(T)
     if progress:

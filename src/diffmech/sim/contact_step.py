@@ -56,7 +56,8 @@ from ..errors import ModelError, ShapeError
 from ..model.collision import Shape
 from ..spatial import quat_to_matrix, rpy_to_matrix, skew
 from ._ground_step import coefficients as ground_coefficients
-from ._ground_step import ground_advance, ground_plan, ground_stage, ground_velocity_update, has_limits, with_graph
+from ._ground_step import ground_advance, ground_velocity_update, has_limits, with_graph
+from .route import step_route, warn_unconverged
 from .scene import GROUND, Scene
 
 __all__ = ["contact_step"]
@@ -452,8 +453,12 @@ def contact_step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, inf
                              f"{tuple(tau.shape)} do not broadcast") from None
         q, v, tau = (x.expand(*batch, x.shape[-1]).reshape(-1, x.shape[-1]) for x in (q, v, tau))
     # small dense solves: threads only wait for each other (see one_thread)
+    if info is None:
+        info = {}
     with one_thread() if q.shape[0] <= JACOBIAN_MAX_BATCH else contextlib.nullcontext():
         q1, v1 = _step(scene, q, v, tau, dt, info, warm, replay if scene.solver == "pgs" else None)
+    if info.get("unconverged"):
+        warn_unconverged(scene, info, "contact_step")
     if batch is not None:
         q1, v1 = q1.reshape(*batch, scene.nq), v1.reshape(*batch, scene.nv)
     return q1, v1
@@ -477,11 +482,11 @@ def _replayed(replay: dict) -> tuple[list[int], list[tuple[int, int]], dict]:
 
 def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict | None, warm: dict | None,
           replay: dict | None = None) -> tuple[Tensor, Tensor]:
-    plan = ground_plan(scene, q)
+    plan, stage, route = step_route(scene, q, v, tau, dt)
+    if info is not None:
+        info["route"] = route
     if plan is not None:
-        stage = ground_stage(scene, plan, q, v, tau, dt)
-        if stage is not None:
-            return _ground_step(scene, plan, stage, q, v, dt, info, warm, replay)
+        return _ground_step(scene, plan, stage, q, v, dt, info, warm, replay)
     B = q.shape[0]
     dtype = q.dtype
     names = scene.names
@@ -656,7 +661,8 @@ def _finish(scene: Scene, qs: dict, v: Tensor, v_free: Tensor, vfree: dict, chol
     B = v.shape[0]
     if not rows:
         if info is not None:
-            info.update(candidates=0, iterations=0, residual=0.0, penetration=0.0, fallbacks=0, lam={})
+            info.update(candidates=0, iterations=0, residual=0.0, penetration=0.0, fallbacks=0, newton=0,
+                        violation=0.0, unconverged=0, lam={})
         return advance_(vfree)
 
     Jc, phi, mu, e = (x[0] if len(x) == 1 else torch.cat(x, 1) for x in (rows, phis, mus, es))  # (B, K, 3, nv), (B, K)
@@ -690,7 +696,10 @@ def _finish(scene: Scene, qs: dict, v: Tensor, v_free: Tensor, vfree: dict, chol
             lam_s = lam_s.index_put((bad,), hard.lam)
             fallbacks = len(bad)
             _warn_fallback(scene, bad.tolist())
-        res = res._replace(lam=lam_s, iterations=res.iterations + it_s, residual=max(res.residual, rel_s))
+        # the relaxed problem's residual; the hard problem's convergence only where its solution stood in
+        res = res._replace(lam=lam_s, iterations=res.iterations + it_s, residual=max(res.residual, rel_s),
+                           unconverged=hard.unconverged if fallbacks else 0,
+                           violation=hard.violation if fallbacks else 0.0)
         v1 = v_free + (prob.W @ res.lam.reshape(B, 3 * K, 1))[..., 0]
     else:
         if replayed:
@@ -707,6 +716,7 @@ def _finish(scene: Scene, qs: dict, v: Tensor, v_free: Tensor, vfree: dict, chol
     if info is not None:
         lam = res.lam.detach()
         info.update(candidates=K, iterations=res.iterations, residual=res.residual, fallbacks=fallbacks,
+                    newton=res.newton, violation=res.violation, unconverged=res.unconverged,
                     penetration=_deepest(phi),
                     lam=dict(zip(keys, lam.unbind(1))))
     return q1, v1

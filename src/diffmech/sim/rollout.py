@@ -815,7 +815,7 @@ def rollout(
     *,
     integrator: str | Integrator = "semi_implicit_euler",
     adjoint: str = "checkpoint",
-    checkpoint_every: int = 1,
+    checkpoint_every: int | None = None,
     f_ext: Tensor | None = None,
     passive: bool = True,
     params: Sequence[Tensor] | None = None,
@@ -849,7 +849,9 @@ def rollout(
         adjoint: ``"checkpoint"`` (store states only; each reverse step recomputes one step) or
             ``"autograd"`` (backpropagate through the graph of the whole loop).
         checkpoint_every: with ``adjoint="checkpoint"``, keep every ``k``-th state for the
-            backward pass and recompute the states in between (one extra forward step per step):
+            backward pass and recompute the states in between (one extra forward step per step);
+            ``None`` (default): 1 for a robot, picked from a memory budget for a scene (see
+            :func:`~diffmech.sim.contact_rollout.scene_rollout`):
             the saved states shrink ``k``-fold once the returned trajectory is released (with
             ``k = 1`` the saved states are the returned trajectory itself, plus the recorded
             accelerations and a policy's controls). With a :class:`~diffmech.sim.Scene` the
@@ -887,7 +889,9 @@ def rollout(
             ``saved_state_bytes``, ``max_energy_ratio`` (the largest ratio of the divergence
             check, with the check on) and, after ``backward()``, ``backward_time`` (s) and
             ``recomputed_steps`` (checkpoint mode) -- for benchmarks. For a scene:
-            ``contact_iterations_max``, ``contact_residual_max``, ``contact_penetration_max``,
+            ``route`` (the implementation that ran: ``"native"`` or ``"torch: <why>"``),
+            ``contact_iterations_max``, ``contact_newton_max``, ``contact_residual_max``,
+            ``contact_violation_max``, ``contact_unconverged``, ``contact_penetration_max``,
             ``contact_candidates_max``, ``contact_fallbacks`` (see
             :func:`~diffmech.sim.contact_rollout.scene_rollout`).
         contact: with a :class:`RobotModel` that has collision shapes, simulate it as a one-model
@@ -916,6 +920,8 @@ def rollout(
     integ.check_robot(robot)
     if adjoint not in ADJOINTS:
         raise OptionError(f"rollout: unknown adjoint {adjoint!r}; choose from {ADJOINTS}")
+    if checkpoint_every is None:
+        checkpoint_every = 1
     if not isinstance(checkpoint_every, int) or isinstance(checkpoint_every, bool) or checkpoint_every < 1:
         raise ShapeError(f"rollout: checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
     if max_energy_growth is not None and not (isinstance(max_energy_growth, (int, float))

@@ -1,0 +1,87 @@
+"""Which implementation runs a contact step or a contact rollout, decided in one place, and what a
+solve that stopped short says.
+
+Routes (the strings ``contact_step(..., info=d)`` and ``rollout(..., stats=d)`` put in ``d["route"]``):
+
+* ``"native"``: the native implementation. For :func:`~diffmech.sim.rollout` with the checkpointed
+  adjoint, every step and its reverse in C (:mod:`._ground_rollout`), policies and the robot's
+  learnable parameters included (their cotangents from the kernels' reverse mode, pulled back through
+  autograd once per backward pass). For :func:`~diffmech.sim.contact_step`, the step's first stage
+  in one kernel and the contact problem in C, with a hand-written reverse pass.
+* ``"torch: <why>"``: the torch implementation (the reference), and why the native one cannot run:
+  ``"torch: cuda"``, ``"torch: float16"``, ``"torch: torch.func transform"``, ``"torch: 2 models in the
+  scene"``, ``"torch: box shapes"``, ``"torch: kernels not built (...)"``, ``"torch: adjoint='autograd'"``,
+  ``"torch: native kernels off (DIFFMECH_NATIVE=never)"``...
+
+Under ``DIFFMECH_NATIVE=require`` (or ``diffmech.dynamics.kernels.set_native("require")``) a call that
+would take a torch route raises :class:`~diffmech.errors.NativeRouteError` with that reason instead.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+from torch import Tensor
+
+from ..dynamics import kernels
+from ._ground_rollout import GroundStepper, ground_stepper
+from ._ground_step import GroundPlan, Stage, ground_plan, ground_stage
+from .scene import Scene
+
+__all__ = ["rollout_route", "step_route", "warn_unconverged", "NATIVE"]
+
+NATIVE = "native"
+
+
+def _torch(what: str, why: str) -> str:
+    kernels.leave_native(what, why)
+    return f"torch: {why}"
+
+
+def rollout_route(scene: Scene, q0: Tensor, dt: float, adjoint: str) -> tuple[GroundStepper | None, str]:
+    """The stepper of a rollout of ``scene`` from ``q0 (B, nq)`` (``None``: :func:`~diffmech.sim.contact_step`
+    under the adjoint's recomputation) and the route's name. Call it with grad mode on: which of the
+    robot's tensors require grad decides the reverse mode the stepper builds."""
+    if adjoint == "autograd":
+        return None, _torch("rollout", "adjoint='autograd'")
+    why: list[str] = []
+    stepper = ground_stepper(scene, q0, dt, why)
+    if stepper is None:
+        return None, _torch("rollout", why[0] if why else "scene")
+    return stepper, NATIVE
+
+
+def step_route(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float
+               ) -> tuple[GroundPlan | None, Stage | None, str]:
+    """The native first stage of a contact step (``(plan, stage)``, or ``(None, None)`` for the torch
+    step) and the route's name."""
+    why: list[str] = []
+    plan = ground_plan(scene, q, why=why)
+    if plan is not None:
+        stage = ground_stage(scene, plan, q, v, tau, dt)
+        if stage is not None:
+            return plan, stage, NATIVE
+        why.append("learnable parameters: kernels not built (set_native('build') or `diffmech kernels build`)")
+    return None, None, _torch("contact_step", why[0] if why else "scene")
+
+
+def warn_unconverged(scene: Scene, info: dict, where: str) -> None:
+    """Warn once per scene that a contact solve stopped short (``info`` of a step with ``unconverged >
+    0`` and a relative residual above ``sqrt(scene.tol)``): the impulses then break the contact
+    conditions by ``violation`` m/s and the step's implicit gradient is not the derivative of what was
+    simulated. Below ``sqrt(tol)`` the count in ``info`` / ``stats`` records it without a warning: a
+    statically indeterminate contact set (a box flat on the ground, its four corners penetrating by
+    different depths) has contact targets no rigid motion meets exactly, and every method tried
+    (sweeps, semismooth Newton, SciPy's least squares from many starts) stalls at a residual of about
+    1e-6 there, a violation of about 1e-7 m/s."""
+    if not info.get("unconverged") or scene.__dict__.get("_warned_unconverged"):
+        return
+    if not info["residual"] > math.sqrt(scene.tol):
+        return
+    scene.__dict__["_warned_unconverged"] = True
+    warnings.warn(f"{where}: the contact solve stopped short in {info['unconverged']} environment(s): residual "
+                  f"{info['residual']:.3g} (relative, tolerance {scene.tol:g}), contact conditions violated by "
+                  f"{info['violation']:.3g} m/s; the step and its gradient are not exact there (raise "
+                  "Scene(iterations=...) or reduce dt). Counted in info['unconverged'] / "
+                  "stats['contact_unconverged']; warned once per scene.", RuntimeWarning, stacklevel=3)
