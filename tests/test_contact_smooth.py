@@ -11,7 +11,7 @@ import torch
 from diffmech.contact import pgs_native
 from diffmech.contact.pgs import pgs
 from diffmech.contact.smooth import smooth_jacobian, smooth_residual, smooth_solve
-from diffmech.errors import ConvergenceError
+from diffmech.errors import ConvergenceError, ModelError, OptionError
 from diffmech.model import systems
 from diffmech.sim import Scene, rollout
 
@@ -181,9 +181,9 @@ def test_gradient_before_the_push_overcomes_static_friction():
 
 def test_solver_options_are_checked():
     ball = systems.sphere(0.1, 1.0)
-    with pytest.raises(Exception, match="unknown solver"):
+    with pytest.raises(OptionError, match="unknown solver"):
         Scene(ball, solver="newton")
-    with pytest.raises(Exception, match="positive"):
+    with pytest.raises(ModelError, match="positive"):
         Scene(ball, solver="smooth", smoothing=0.0)
 
 

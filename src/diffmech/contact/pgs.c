@@ -9,14 +9,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* inv = 1 / diag(A) where the diagonal is above 1e-12 of its largest (else 0); w = A lam + c */
+/* The step sizes of the sweeps and of the natural map, and w = A lam + c: inv_n = 1 / A_nn, and one size for
+   both tangent rows of a block, 2 / (A_t1t1 + A_t2t2) -- not 1 / A_tt per row: with different sizes the
+   projection's fixed point has friction opposing D_t w_t instead of the slip w_t, which is not Coulomb's law;
+   with one size it is, and the solution does not depend on the size. 0 where the diagonal is at most 1e-12
+   of its largest (a row that moves nothing: a joint limit's tangent rows). */
 static void prepare_SUFFIX(int64_t R, const REAL *Ab, const REAL *cb, const REAL *lb, REAL *inv, REAL *w) {
     REAL dmax = 0;
     for (int64_t i = 0; i < R; ++i) dmax = Ab[i * R + i] > dmax ? Ab[i * R + i] : dmax;
     REAL floor_ = (REAL)1e-12 * (dmax > (REAL)1e-300 ? dmax : (REAL)1e-300);
+    for (int64_t r = 0; r < R; r += 3) {
+        REAL d = Ab[r * R + r], t = Ab[(r + 1) * R + r + 1] + Ab[(r + 2) * R + r + 2];
+        inv[r] = d > floor_ ? (REAL)1 / d : (REAL)0;
+        inv[r + 1] = inv[r + 2] = t > 2 * floor_ ? (REAL)2 / t : (REAL)0;
+    }
     for (int64_t i = 0; i < R; ++i) {
-        REAL d = Ab[i * R + i];
-        inv[i] = d > floor_ ? (REAL)1 / d : (REAL)0;
         REAL s = cb[i];
         for (int64_t j = 0; j < R; ++j) s += Ab[i * R + j] * lb[j];
         w[i] = s;
@@ -452,8 +459,11 @@ int64_t vjp_SUFFIX(int64_t B, int64_t K, const REAL *A, const REAL *c, const REA
             ab[r + 1] = mln[k] * inv[r + 1] * pv1;
             ab[r + 2] = mln[k] * inv[r + 2] * pv2;
             gb[k] = -lb[r] * (v1 * zh[2 * k] + v2 * zh[2 * k + 1]);
-            db[r + 1] = -mln[k] * pv1 * w[r + 1] * inv[r + 1] * inv[r + 1];
-            db[r + 2] = -mln[k] * pv2 * w[r + 2] * inv[r + 2] * inv[r + 2];
+            /* through the tangent step size rho = 2 / (A_t1t1 + A_t2t2): d rho / d A_tt = -rho^2 / 2 (zero at an
+               exact solution, where the slip is along z) */
+            REAL dr = -mln[k] * (pv1 * w[r + 1] + pv2 * w[r + 2]) * inv[r + 1] * inv[r + 1] / 2;
+            db[r + 1] = dr;
+            db[r + 2] = dr;
         }
     }
     free(F);

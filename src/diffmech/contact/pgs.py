@@ -59,9 +59,19 @@ class PGSResult(NamedTuple):
 
 
 def _inverse_diagonal(A: Tensor) -> Tensor:
+    """The step sizes ``(B, 3K)`` of the sweeps and the natural map (``pgs.c``'s ``prepare``): ``1 / A_nn``
+    for a normal row, one size ``2 / (A_t1t1 + A_t2t2)`` for both tangent rows of a block (with a size per
+    row the projection's fixed point has friction opposing ``D_t w_t``, not the slip ``w_t``); 0 for rows
+    whose diagonal is at most 1e-12 of the largest."""
     diag = torch.diagonal(A, dim1=-2, dim2=-1)
-    safe = diag > 1e-12 * diag.amax(-1, keepdim=True).clamp_min(1e-300)
-    return torch.where(safe, 1.0 / torch.where(safe, diag, torch.ones_like(diag)), torch.zeros_like(diag))
+    B, R = diag.shape
+    floor = 1e-12 * diag.amax(-1, keepdim=True).clamp_min(1e-300)
+    d = diag.reshape(B, R // 3, 3)
+    t = (d[..., 1] + d[..., 2])[..., None].expand(B, R // 3, 2)
+    safe_n, safe_t = d[..., :1] > floor[..., None], t > 2 * floor[..., None]
+    inv_n = torch.where(safe_n, 1.0 / torch.where(safe_n, d[..., :1], torch.ones_like(d[..., :1])), 0.0)
+    inv_t = torch.where(safe_t, 2.0 / torch.where(safe_t, t, torch.ones_like(t)), 0.0)
+    return torch.cat([inv_n, inv_t], -1).reshape(B, R)
 
 
 def _sweeps(A: Tensor, c: Tensor, mu: Tensor, iterations: int, tol: float, check_every: int,
@@ -358,10 +368,10 @@ def _implicit_vjp(lam: Tensor, A: Tensor, c: Tensor, mu: Tensor, grad: Tensor
     # ... and mu directly: d f_t / d mu = -lam_n z_hat
     g_mu = torch.where(sliding, -lam[..., 0] * (v.reshape(B, K, 3)[..., 1:] * parts["z_hat"]).sum(-1),
                        torch.zeros_like(mu))
-    # z = lam_t - inv_t w_t with inv = 1 / diag(A): d f_t / d inv_t = mu lam_n P diag(w_t) and
-    # d inv_r / d A_rr = -inv_r^2
-    d = torch.where(sliding[..., None], -mln[..., None] * Pv * parts["w"][..., 1:] * inv[..., 1:] ** 2,
-                    torch.zeros_like(Pv))
+    # z = lam_t - rho w_t with rho = 2 / (A_t1t1 + A_t2t2): d f_t / d rho = mu lam_n P w_t and
+    # d rho / d A_tt = -rho^2 / 2 for both tangent rows (zero at an exact solution: the slip is along z)
+    dr = -mln * (Pv * parts["w"][..., 1:]).sum(-1) * inv[..., 1] ** 2 / 2
+    d = torch.where(sliding[..., None], dr[..., None].expand_as(Pv), torch.zeros_like(Pv))
     return a.reshape(B, R), torch.cat([torch.zeros_like(d[..., :1]), d], -1).reshape(B, R), g_mu
 
 

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..errors import ShapeError
 from ..model.parameters import ModelTensors, RobotParameters
-from ..model.tree import KinematicTree
+from ..model.tree import KinematicTree, pair_gather
 
 
 def bind(robot: RobotParameters, like: Tensor) -> tuple[KinematicTree, ModelTensors]:
@@ -306,14 +306,18 @@ class LocalTables:
         anc, desc: (npairs,) long, every pair of bodies with ``desc`` in the subtree of ``anc``
             (itself included); ``npairs`` their number.
         sum_anc: (nb, npairs) 0/1: ``sum_anc @ x`` sums per-pair values ``x`` over each body's
-            subtree (``anc`` is the same sum as an index).
+            subtree (``anc`` is the same sum as an index); ``None`` on trees where it would have more
+            than ``SMALL_SUM`` entries (:func:`~._local.segment_sum` takes the index there anyway).
         jp_pair, jp_joint, jp_body: (njp,) long, the pairs whose ``anc`` is a one-DoF body: their
             row in the pairs above, the joint (``0..nj-1``) and the descendant; ``jp_sum``
-            (nj, njp) 0/1 sums over each joint's pairs.
+            (nj, njp) 0/1 sums over each joint's pairs (``None`` as ``sum_anc``).
         far_d, far_e / near_d, near_e: (k,) long, the mass-matrix pairs ``(d, e)`` (``d``'s body at
             or above ``e``'s) whose DoFs move different bodies / the same body.
-        crba_index: flat ``(nv * nv)`` positions of the far pairs, the near pairs, then the far
-            pairs transposed; ``crba_scatter`` (nv * nv, far + near) the same as a 0/1 matrix.
+        crba_gather: (nv * nv,) long, per entry of the row-major mass matrix its row in the values
+            ``(far + near, B)`` of the pairs above (a far pair also fills its transpose), ``far +
+            near`` for the entries no pair reaches (a zero row appended to the values).
+
+    Every table has O(npairs) <= O(nb^2) entries, or at most ``SMALL_SUM``.
         parent: (nb,) long, each body's parent (a body hanging from the world: itself).
         levels: per ABA depth (deepest first, below a floating base), its bodies as a long tensor
             (``None`` for a single body).
@@ -336,8 +340,7 @@ class LocalTables:
     far_e: Tensor
     near_d: Tensor
     near_e: Tensor
-    crba_index: Tensor
-    crba_scatter: Tensor
+    crba_gather: Tensor
     parent: Tensor
     levels: tuple
     local_mask: Tensor
@@ -359,20 +362,15 @@ def _make_local_tables(tree: KinematicTree, dtype: torch.dtype, device: torch.de
         while a >= 0:
             pairs.append((a, b))
             a = par[a]
-    sum_anc = torch.zeros(nb, len(pairs), dtype=dtype)
-    for k, (a, _) in enumerate(pairs):
-        sum_anc[a, k] = 1
+    anc = torch.tensor([a for a, _ in pairs], dtype=torch.long)
     jrows = [k for k, (a, _) in enumerate(pairs) if a >= tree.nfree]
     jpairs = [(pairs[k][0] - tree.nfree, pairs[k][1]) for k in jrows]
-    jp_sum = torch.zeros(nj, len(jpairs), dtype=dtype)
-    for k, (j, _) in enumerate(jpairs):
-        jp_sum[j, k] = 1
+    jp_joint = torch.tensor([j for j, _ in jpairs], dtype=torch.long)
     far = [(d, e) for d, e in tree.crba_pairs if db[d] != db[e]]
     near = [(d, e) for d, e in tree.crba_pairs if db[d] == db[e]]
-    index = [d * nv + e for d, e in far + near] + [e * nv + d for d, e in far]
-    scatter = torch.zeros(nv * nv, len(far) + len(near), dtype=dtype)
-    for k, i in enumerate(index):
-        scatter[i, k % (len(far) + len(near))] = 1
+    fn = torch.tensor(far + near, dtype=torch.long).reshape(-1, 2)
+    mirror = torch.arange(len(fn)) < len(far)
+    gather = pair_gather(nv, fn[:, 0].contiguous(), fn[:, 1].contiguous(), mirror)
     mask = torch.zeros(nv, 6, 1, dtype=dtype)
     mask[:, 3:] = 1
     mask[: 3 * tree.nfree, :3] = 1  # base translations: (R0 e_i; 0) wherever the base is
@@ -382,13 +380,13 @@ def _make_local_tables(tree: KinematicTree, dtype: torch.dtype, device: torch.de
     roots = [float(not tree.nfree and p < 0) for p in par[tree.nfree:]]
     long = lambda x: torch.tensor(x, dtype=torch.long, device=device).reshape(-1)  # noqa: E731
     return LocalTables(
-        anc=long([a for a, _ in pairs]), desc=long([b for _, b in pairs]), npairs=len(pairs),
-        sum_anc=sum_anc.to(device),
-        jp_pair=long(jrows), jp_joint=long([j for j, _ in jpairs]), jp_body=long([b for _, b in jpairs]),
-        jp_sum=jp_sum.to(device),
+        anc=anc.to(device), desc=long([b for _, b in pairs]), npairs=len(pairs),
+        sum_anc=_sum_matrix(anc, nb, dtype, device),
+        jp_pair=long(jrows), jp_joint=jp_joint.to(device), jp_body=long([b for _, b in jpairs]),
+        jp_sum=_sum_matrix(jp_joint, nj, dtype, device),
         far_d=long([d for d, _ in far]), far_e=long([e for _, e in far]),
         near_d=long([d for d, _ in near]), near_e=long([e for _, e in near]),
-        crba_index=long(index), crba_scatter=scatter.to(device),
+        crba_gather=gather.to(device),
         parent=long([b if a < 0 else a for b, a in enumerate(par)]),
         levels=tuple(None if len(idx) == 1 else long(idx) for idx, _ in reversed(tree.levels)
                      if not (tree.nfree and idx == (0,))),
@@ -397,6 +395,18 @@ def _make_local_tables(tree: KinematicTree, dtype: torch.dtype, device: torch.de
         base_pairs=long([k for k, (a, _) in enumerate(pairs) if a == 0] if tree.nfree else []),
         eye3=torch.eye(3, dtype=dtype, device=device),
     )
+
+
+def _sum_matrix(index: Tensor, n: int, dtype: torch.dtype, device: torch.device) -> Tensor | None:
+    """``(n, len(index))`` 0/1 matrix summing the entries of each ``index`` value (what
+    :func:`~._local.segment_sum` takes on small sums), or ``None`` where it would have more than
+    ``SMALL_SUM`` entries: ``segment_sum`` never reads one that large, and on a long chain it would
+    have O(nb^3) entries."""
+    if n * index.shape[0] > SMALL_SUM:
+        return None
+    out = torch.zeros(n, index.shape[0], dtype=dtype)
+    out[index, torch.arange(index.shape[0])] = 1
+    return out.to(device)
 
 
 class LocalConstants(NamedTuple):

@@ -110,13 +110,14 @@ def body_inertia(ts: TreeState) -> RigidInertia:
     return RigidInertia(m=m, h=h, I=I)
 
 
-def segment_sum(x: Tensor, index: Tensor, mask: Tensor) -> Tensor:
-    """``y[i] = sum_{k: index[k] = i} x[k]`` for ``x (k, ..., B)``; ``mask (n, k)`` is the same sum
-    as a 0/1 matrix. Small sums take the mask (:func:`~._common.tree_sum`), others ``index_add``
-    (one pass over ``x`` instead of a product with a mostly-zero matrix)."""
-    if mask.shape[0] * x.numel() <= SMALL_SUM and not torch.compiler.is_compiling():
+def segment_sum(x: Tensor, index: Tensor, n: int, mask: Tensor | None) -> Tensor:
+    """``y[i] = sum_{k: index[k] = i} x[k]`` (``i < n``) for ``x (k, ..., B)``; ``mask (n, k)`` is the
+    same sum as a 0/1 matrix, or ``None`` (large trees keep none). Small sums take the mask
+    (:func:`~._common.tree_sum`), others ``index_add`` (one pass over ``x`` instead of a product with a
+    mostly-zero matrix)."""
+    if mask is not None and n * x.numel() <= SMALL_SUM and not torch.compiler.is_compiling():
         return tree_sum(mask, x)
-    return x.new_zeros(mask.shape[0], *x.shape[1:]).index_add_(0, index, x)
+    return x.new_zeros(n, *x.shape[1:]).index_add_(0, index, x)
 
 
 def com_forces(tree: KinematicTree, ts: TreeState, ci: ComInertia, V_O: Tensor, A_O: Tensor,
@@ -157,7 +158,7 @@ def subtree_forces(ci: ComInertia, f: Tensor, n: Tensor, lt: LocalTables) -> Ten
     body's subtree, about that body's origin: ``(nb, 6, B)``."""
     F = torch.cat([f, n], dim=1).index_select(0, lt.desc)
     fd = F[:, :3]
-    return segment_sum(torch.cat([fd, F[:, 3:] + cross(ci.s, fd)], dim=1), lt.anc, lt.sum_anc)
+    return segment_sum(torch.cat([fd, F[:, 3:] + cross(ci.s, fd)], dim=1), lt.anc, f.shape[0], lt.sum_anc)
 
 
 class LocalTerms(NamedTuple):

@@ -14,7 +14,7 @@ import os
 from torch import Tensor
 
 from ..errors import OptionError
-from ..model.tree import KinematicTree
+from ..model.tree import KinematicTree, symmetric_from_pairs
 from ._common import (
     RigidInertia,
     TreeState,
@@ -85,5 +85,4 @@ def crba_world_bl(tree: KinematicTree, ts: TreeState, inertia: RigidInertia | No
         F = composite.apply(S)
     tb = tree.tables(S.dtype, S.device)
     vals = (S[tb.crba_d] * F[tb.crba_e]).sum(1)  # (npairs, B)
-    M = tb.crba_scatter @ vals  # (nv * nv, B)
-    return M.transpose(0, 1).reshape(-1, tree.nv, tree.nv)
+    return symmetric_from_pairs(tb, vals)

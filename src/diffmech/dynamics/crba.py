@@ -74,7 +74,7 @@ def crba_bl(tree: KinematicTree, ts: TreeState, ci: ComInertia) -> Tensor:
     if tree.any_prismatic:
         vp = vp + Sl[j0:, :3].index_select(0, lt.jp_joint)
     fp = ci.m.index_select(0, lt.jp_body)[..., None] * vp
-    Fp = segment_sum(torch.cat([fp, cross(sp, fp)], dim=1), lt.jp_joint, lt.jp_sum)  # (nj, 6, B)
+    Fp = segment_sum(torch.cat([fp, cross(sp, fp)], dim=1), lt.jp_joint, tree.nj, lt.jp_sum)  # (nj, 6, B)
     f = Fp[:, :3]
     n = Fp[:, 3:] + mv(tree_sum(tb.mask_db[j0:], ci.Ic), w)  # + I_c summed over the subtree
     if nf:
@@ -108,15 +108,10 @@ def crba_bl(tree: KinematicTree, ts: TreeState, ci: ComInertia) -> Tensor:
 def symmetric(tree: KinematicTree, lt: LocalTables, vals: Tensor) -> Tensor:
     """``(B, nv, nv)`` symmetric matrix from its values ``vals (far + near, B)`` at the CRBA pairs."""
     nv = tree.nv
-    # Copies instead of a product with a mostly-zero matrix (which BLAS would thread, see
-    # _common.SMALL_SUM), but one GEMV for a single state.
-    # (also under vmap, which has no batching rule for index_copy_)
-    if ((vals.shape[-1] == 1 or torch._C._are_functorch_transforms_active())
-            and not torch.compiler.is_compiling()):
-        M = lt.crba_scatter @ vals  # (nv * nv, 1)
-    else:
-        src = torch.cat([vals, vals[: lt.far_d.shape[0]]])
-        M = vals.new_zeros(nv * nv, vals.shape[-1]).index_copy_(0, lt.crba_index, src)
+    # One gather from the values and a zero row, for every batch size: no product with a mostly-zero
+    # (nv * nv, npairs) matrix (O(nv^4) memory on a chain, and BLAS threads it, see
+    # _common.SMALL_SUM), no in-place copy (which vmap cannot batch); its backward is one index_add.
+    M = torch.nn.functional.pad(vals, (0, 0, 0, 1)).index_select(0, lt.crba_gather)  # (nv * nv, B)
     return M.transpose(0, 1).reshape(-1, nv, nv)
 
 

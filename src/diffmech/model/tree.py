@@ -28,7 +28,7 @@ import hashlib
 import json
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -37,7 +37,7 @@ from .._warnings import warn
 from ..errors import ModelError
 from .spec import JOINT_TYPES, JointSpec, LinkSpec, RobotSpec
 
-__all__ = ["KinematicTree", "TreeTables", "CoordinateMap"]
+__all__ = ["KinematicTree", "TreeTables", "CoordinateMap", "symmetric_from_pairs"]
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,13 @@ class TreeTables:
         mask_db: (nv, nb) its transpose (a subtree sum).
         crba_d, crba_e: (npairs,) long, the pairs ``(d, e)`` of DoFs with ``d``'s body at or above
             ``e``'s, whose mass-matrix entries CRBA computes.
-        crba_scatter: (nv * nv, npairs) places each pair's value at ``(d, e)`` and ``(e, d)``.
+        crba_gather: (nv * nv,) long, for each entry of the row-major ``(nv, nv)`` mass matrix the
+            pair whose value it takes (``(d, e)`` and ``(e, d)``), ``npairs`` where no pair reaches it:
+            ``pad(vals, (0, 0, 0, 1)).index_select(0, crba_gather)`` places per-pair values ``vals
+            (npairs, B)`` (see :func:`symmetric_from_pairs`). O(nv^2) memory.
+        crba_scatter: (nv * nv, npairs) the same placement as a dense 0/1 matrix. It has
+            O(nv^2 npairs) entries (O(nv^4) on a chain: gigabytes from about 100 DoFs), so it is
+            built only when first read, except on small trees; the algorithms use ``crba_gather``.
         dof_body: (nv,) long, the body each DoF moves.
         jumps: (k, nb + 1) long, pointer-jumping table: row ``k`` maps each body (and the world,
             index ``nb``) to its ancestor ``2^k`` levels up, the world once past the root.
@@ -97,7 +103,7 @@ class TreeTables:
     mask_db: Tensor
     crba_d: Tensor
     crba_e: Tensor
-    crba_scatter: Tensor
+    crba_gather: Tensor
     dof_body: Tensor
     jumps: Tensor
     link_body: Tensor
@@ -113,6 +119,48 @@ class TreeTables:
     q_scale: Tensor | None = None
     q_offset: Tensor | None = None
     v_scale: Tensor | None = None
+    _crba_scatter: Tensor | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def crba_scatter(self) -> Tensor:
+        """(nv * nv, npairs) 0/1 matrix: ``crba_scatter @ vals`` places per-pair values at ``(d, e)``
+        and ``(e, d)`` (built on first use on large trees; prefer :attr:`crba_gather`)."""
+        if self._crba_scatter is None:
+            object.__setattr__(self, "_crba_scatter", _scatter_matrix(self.crba_gather, self.crba_d.shape[0],
+                                                                      self.mask_bd.dtype))
+        return self._crba_scatter
+
+
+# Trees whose dense CRBA scatter matrix has at most this many entries (8 MiB in float64; chains up to
+# about 35 DoFs) get it with their tables, as every tree used to; larger ones build it only if read.
+EAGER_SCATTER_MAX = 1 << 20
+
+
+def _scatter_matrix(gather: Tensor, npairs: int, dtype: torch.dtype) -> Tensor:
+    """The dense ``(len(gather), npairs)`` 0/1 matrix of a gather index (``npairs``: no pair)."""
+    rows = torch.arange(gather.shape[0], device=gather.device)
+    hit = gather < npairs
+    out = torch.zeros(gather.shape[0], npairs, dtype=dtype, device=gather.device)
+    return out.index_put_((rows[hit], gather[hit]), torch.ones((), dtype=dtype, device=gather.device))
+
+
+def symmetric_from_pairs(tables: TreeTables, vals: Tensor) -> Tensor:
+    """``(B, nv, nv)`` symmetric matrix from its values ``vals (npairs, B)`` at the CRBA pairs
+    ``(tables.crba_d, tables.crba_e)``: one gather, O(nv^2 B) memory, differentiable, and usable under
+    ``torch.func`` transforms and ``torch.compile``."""
+    nv = math.isqrt(tables.crba_gather.shape[0])
+    M = torch.nn.functional.pad(vals, (0, 0, 0, 1)).index_select(0, tables.crba_gather)  # (nv * nv, B)
+    return M.transpose(0, 1).reshape(-1, nv, nv)
+
+
+def pair_gather(nv: int, d: Tensor, e: Tensor, mirror: Tensor) -> Tensor:
+    """(nv * nv,) long: the index of pair ``k`` at ``(d[k], e[k])`` and, where ``mirror[k]``, at
+    ``(e[k], d[k])``; ``len(d)`` at the entries no pair reaches."""
+    k = torch.arange(d.shape[0], dtype=torch.long, device=d.device)
+    out = torch.full((nv * nv,), d.shape[0], dtype=torch.long, device=d.device)
+    out[(e * nv + d)[mirror]] = k[mirror]
+    out[d * nv + e] = k  # last: where a pair and a mirrored one meet (same body) they agree anyway
+    return out
 
 
 class KinematicTree:
@@ -411,18 +459,17 @@ class KinematicTree:
         A = torch.tensor(self.body_ancestors, dtype=dtype).reshape(nb, nb)
         db = torch.tensor(self.dof_body, dtype=torch.long)
         mask_bd = A[:, db].contiguous()  # mask_bd[i, d]: DoF d moves body i
-        scatter = torch.zeros(nv * nv, len(self.crba_pairs), dtype=dtype)
-        for k, (d, e) in enumerate(self.crba_pairs):
-            scatter[d * nv + e, k] = 1
-            if self.dof_body[d] != self.dof_body[e]:
-                scatter[e * nv + d, k] = 1
+        # Index tables only: every one here has O(nb nv) or O(npairs) <= O(nv^2) entries.
+        pairs = torch.tensor(self.crba_pairs, dtype=torch.long).reshape(-1, 2)
+        d, e = pairs[:, 0].contiguous(), pairs[:, 1].contiguous()
+        gather = pair_gather(nv, d, e, db[d] != db[e])
         kw = dict(device=device)
         long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
         return TreeTables(
             mask_bd=mask_bd.to(**kw), mask_db=mask_bd.T.contiguous().to(**kw),
-            crba_d=torch.tensor([d for d, _ in self.crba_pairs], dtype=torch.long, **kw),
-            crba_e=torch.tensor([e for _, e in self.crba_pairs], dtype=torch.long, **kw),
-            crba_scatter=scatter.to(**kw), dof_body=db.to(**kw),
+            crba_d=d.to(**kw), crba_e=e.to(**kw), crba_gather=gather.to(**kw), dof_body=db.to(**kw),
+            _crba_scatter=(_scatter_matrix(gather, len(d), dtype).to(**kw)
+                           if nv * nv * len(d) <= EAGER_SCATTER_MAX else None),
             jumps=torch.tensor(self.jumps, dtype=torch.long, **kw).reshape(-1, nb + 1),
             link_body=long(self.link_body),
             axes=torch.tensor(self.axes, dtype=dtype, device=device).reshape(self.nj, 3),

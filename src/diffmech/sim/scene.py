@@ -13,27 +13,39 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..errors import ModelError, ShapeError
+from .._warnings import warn
+from ..contact.geometry import plane_candidates
+from ..dynamics.kinematics import forward_kinematics
+from ..errors import ModelError, OptionError, ShapeError
 from ..model.collision import KINDS, collision_shapes, contact_coefficients
 from ..robot import RobotModel
+from ..spatial import rpy_to_matrix
 
-__all__ = ["Scene", "GROUND"]
+__all__ = ["Scene", "GROUND", "SOLVERS", "PENETRATION_WARNING", "warn_initial_penetration"]
 
 GROUND = "ground"
+SOLVERS = ("pgs", "smooth")
+PENETRATION_WARNING = 5e-3  # m: the default threshold of warn_initial_penetration
 
 
 def _coef(value, name: str, where: str) -> Tensor | float:
+    """A friction or restitution coefficient: one non-negative finite number (restitution at most 1)."""
+    upper = 1.0 if name == "restitution" else float("inf")
+    what = "a number in [0, 1] (0: plastic, 1: elastic)" if name == "restitution" else "a non-negative finite number"
     if isinstance(value, Tensor):
-        if value.numel() != 1 or not torch.isfinite(value).all() or float(value.detach()) < 0:
-            raise ModelError(f"{where}: {name} must be one non-negative finite number, got a tensor of shape "
+        if value.numel() != 1:
+            raise ModelError(f"{where}: {name} must be {what} or a one-element tensor, got a tensor of shape "
                              f"{tuple(value.shape)} ({value.detach().flatten()[:3].tolist()})")
+        f = float(value.detach())
+        if not (0 <= f <= upper and f < float("inf")):
+            raise ModelError(f"{where}: {name} must be {what}, got a tensor holding {f!r}")
         return value.reshape(())
     try:
         f = float(value)
     except (TypeError, ValueError):
         raise ModelError(f"{where}: {name} must be a number or a one-element tensor, got {value!r}") from None
-    if not (f >= 0 and f < float("inf")):
-        raise ModelError(f"{where}: {name} must be non-negative and finite, got {value!r}")
+    if not (0 <= f <= upper and f < float("inf")):
+        raise ModelError(f"{where}: {name} must be {what}, got {value!r}")
     return f
 
 
@@ -151,14 +163,20 @@ class Scene(nn.Module):
             raise ModelError(f"Scene: iterations must be >= 1 and tol >= 0, got {iterations}, {tol}")
         self.iterations, self.tol = int(iterations), float(tol)
         self.baumgarte, self.bounce_speed = float(baumgarte), float(bounce_speed)
-        if solver not in ("pgs", "smooth"):
-            raise ModelError(f"Scene: unknown solver {solver!r}; choose 'pgs' or 'smooth'")
+        if solver not in SOLVERS:
+            raise OptionError(f"Scene: unknown solver {solver!r}; choose 'pgs' or 'smooth'")
         if not (smoothing > 0 and friction_smoothing > 0):
             raise ModelError(f"Scene: smoothing and friction_smoothing must be positive, got {smoothing}, "
                              f"{friction_smoothing}")
         self.solver, self.smoothing, self.friction_smoothing = solver, float(smoothing), float(friction_smoothing)
         self.shapes = {n: collision_shapes(m) for n, m in items}
         self.link_coefficients = {n: contact_coefficients(m) for n, m in items}
+        for n, table in self.link_coefficients.items():
+            for link, vals in table.items():
+                e = vals.get("restitution")
+                if e is not None and not 0 <= e <= 1:
+                    raise ModelError(f"Scene: model {n!r} link {link!r}: the URDF's <contact><restitution "
+                                     f"value={e!r}> must be in [0, 1] (0: plastic, 1: elastic)")
         self.drives: dict[str, tuple[Tensor, Tensor, Tensor, Tensor]] = {}
         for n, spec in (drives or {}).items():
             self.drives[n] = self._drive(n, spec)
@@ -293,6 +311,143 @@ class Scene(nn.Module):
                 out.append(v)
         return out
 
+    # ------------------------------------------------------------------ the ground
+    def _check_q(self, q, where: str) -> Tensor:
+        if not isinstance(q, Tensor) or not q.dtype.is_floating_point:
+            raise ShapeError(f"Scene.{where}: q must be a floating-point tensor of shape (..., {self.nq}), got "
+                             f"{type(q).__name__}" + (f" of dtype {q.dtype}" if isinstance(q, Tensor) else ""))
+        if q.dim() < 1 or q.shape[-1] != self.nq:
+            raise ShapeError(f"Scene.{where}: q must have shape (..., {self.nq}) (nq of the models "
+                             f"{self.names}), got q of shape {tuple(q.shape)}")
+        return q
+
+    def _named(self, model, where: str) -> list[str]:
+        """The names ``model`` (None, a name or a sequence of names) stands for, checked to exist."""
+        if model is None:
+            return list(self.names)
+        names = [model] if isinstance(model, str) else list(model) if isinstance(model, Sequence) else None
+        if names is None or not all(isinstance(n, str) for n in names):
+            raise ModelError(f"Scene.{where}: model must be None, a model name or a list of names, got {model!r}")
+        for n in names:
+            if n not in self.names:
+                raise ModelError(f"Scene.{where}: no model named {n!r} (the scene's models: {self.names})")
+        return list(dict.fromkeys(names))
+
+    def _lowest(self, name: str, q: Tensor) -> tuple[Tensor, Tensor]:
+        """Signed height above the plane ``z = 0`` of the lowest point of model ``name``'s collision
+        shapes, ``(...)`` m (negative: below the plane), and the index in ``list(scene.shapes[name])``
+        of the link that has it, ``(...)`` long; ``q (..., scene.nq)``."""
+        m, shapes = self.models[name], self.shapes[name]
+        qm = q[..., self.slices[name]]
+        batch = qm.shape[:-1]
+        p_links, R_links = forward_kinematics(m, qm.reshape(-1, m.nq), form="pos_rot")  # (B, L, 3), (B, L, 3, 3)
+        lows, rows = [], []
+        for j, (link, shs) in enumerate(shapes.items()):
+            li = m.link_names.index(link)
+            R_l, p_l = R_links[:, li], p_links[:, li]
+            for k, sh in enumerate(shs):
+                R, p = R_l, p_l
+                if any(sh.xyz):
+                    p = p + R_l @ torch.tensor(sh.xyz, dtype=p.dtype, device=p.device)
+                if any(sh.rpy):
+                    R = R_l @ rpy_to_matrix(torch.tensor(sh.rpy, dtype=p.dtype, device=p.device))
+                size = self.shape_size(name, link, k)
+                if sh.kind == "cylinder":
+                    lows.append(_cylinder_low(R, p, size))
+                else:  # sphere, capsule, box: the contact code's candidates include the lowest point
+                    lows.append(plane_candidates(sh.kind, size, R, p).phi.amin(-1))
+                rows.append(j)
+        low, at = torch.stack(lows, -1).min(-1)
+        link = torch.tensor(rows, dtype=torch.long, device=at.device)[at]
+        return low.reshape(batch), link.reshape(batch)
+
+    def place_on_ground(self, q: Tensor, model: str | Sequence[str] | None = None) -> Tensor:
+        """``q`` with models raised or lowered so that each rests on the ground: its lowest collision
+        point exactly on the plane ``z = 0`` (gap 0), batch element by batch element.
+
+        Each model is moved vertically only, by changing its floating base's height (the third
+        entry of its part of ``q``: a floating base's coordinates are ``(x, y, z, qx, qy, qz, qw)``
+        in m and a unit quaternion, then the joint coordinates); its horizontal position,
+        orientation and joint angles stay as given, and the lowest point is that of its collision
+        shapes (:mod:`diffmech.model.collision`, with the dimensions of the scene's ``sizes``) at
+        that orientation and those joint angles (forward kinematics). The lowest point is exact for
+        every kind: a sphere's bottom, a capsule's lower end sphere, a box's lowest corner, a
+        cylinder's lowest rim point. (The contact step samples a cylinder's rims at 8 points
+        each, so a cylinder resting on its rim between two samples is seen there up to
+        ``radius (1 - cos(pi / 8))``, 7.6 % of its radius, above the ground.) Models are placed
+        independently: one standing on another is not stacked on it.
+
+        Differentiable w.r.t. ``q`` (and the tensors of ``sizes``): the new height is the old one
+        minus the lowest point's height, whose gradient flows to the orientation and the joint
+        coordinates (to the shape with the lowest point; the result does not depend on the old
+        height, so its gradient w.r.t. that height is zero).
+
+        Args:
+            q: ``(..., scene.nq)`` configuration of the scene, any leading batch dimensions, in the
+                scene's dtype (float32 or float64).
+            model: which models to place: ``None`` (default) every model with a floating base and
+                collision shapes; a model name; or a list of names (each must have a floating base
+                and collision shapes).
+
+        Returns:
+            ``(..., scene.nq)``: a new tensor; ``q`` is not modified.
+
+        Raises:
+            ShapeError: ``q`` is not a floating-point tensor of shape ``(..., scene.nq)``.
+            ModelError: a named model does not exist, has no floating base or no collision shapes
+                (it cannot be placed); ``model=None`` and no model of the scene can be placed.
+        """
+        q = self._check_q(q, "place_on_ground")
+        if model is None:
+            names = [n for n in self.names if self.models[n].floating_base and self.shapes[n]]
+            if not names:
+                raise ModelError(f"Scene.place_on_ground: no model of the scene has a floating base and collision "
+                                 f"shapes (models: {self.names}); nothing can be placed")
+        else:
+            names = self._named(model, "place_on_ground")
+            for n in names:
+                if not self.models[n].floating_base:
+                    raise ModelError(f"Scene.place_on_ground: model {n!r} has a fixed base; only a model with a "
+                                     f"floating base can be raised or lowered")
+                if not self.shapes[n]:
+                    raise ModelError(f"Scene.place_on_ground: model {n!r} has no collision shapes; nothing of it "
+                                     f"touches the ground (set some with diffmech.model.collision."
+                                     f"set_collision_shapes)")
+        out = q.clone()
+        for n in names:
+            low, _ = self._lowest(n, q)
+            i = self.slices[n].start + 2
+            out[..., i] = q[..., i] - low
+        return out
+
+    def penetration(self, q: Tensor, model: str | Sequence[str] | None = None) -> dict[str, tuple[Tensor, object]]:
+        """How deep each model's collision shapes reach below the ground plane ``z = 0``.
+
+        Args:
+            q: ``(..., scene.nq)`` configuration of the scene.
+            model: ``None`` (default): every model with collision shapes (fixed-base ones too); a
+                model name or a list of names.
+
+        Returns:
+            ``{name: (depth, link)}`` for each model with collision shapes: ``depth (...)`` the
+            deepest penetration ``max(0, -height of the lowest point)``, m (0 where the model is
+            above the ground), differentiable w.r.t. ``q``; ``link`` the name of the link with the
+            lowest point, a ``str`` for an unbatched ``q``, else nested lists of ``str`` of the
+            batch shape (``Tensor.tolist`` style). Geometry as in :meth:`place_on_ground`.
+
+        Raises:
+            ShapeError: a wrong ``q``. ModelError: an unknown model name.
+        """
+        q = self._check_q(q, "penetration")
+        out = {}
+        for n in self._named(model, "penetration"):
+            if not self.shapes[n]:
+                continue
+            low, idx = self._lowest(n, q)
+            links = list(self.shapes[n])
+            out[n] = ((-low).clamp_min(0.0), _map_nested(idx.tolist(), links.__getitem__))
+        return out
+
     def extra_repr(self) -> str:
         return (f"models={self.names}, nq={self.nq}, nv={self.nv}, ground={self.ground}, "
                 f"friction={_number(self.friction):g}, restitution={_number(self.restitution):g}")
@@ -300,3 +455,69 @@ class Scene(nn.Module):
 
 def _number(x) -> float:
     return float(x.detach()) if isinstance(x, Tensor) else float(x)
+
+
+def _map_nested(x, fn):
+    return [_map_nested(y, fn) for y in x] if isinstance(x, list) else fn(x)
+
+
+def _cylinder_low(R: Tensor, p: Tensor, size) -> Tensor:
+    """Height of the lowest point of cylinders ``(R (B, 3, 3), p (B, 3))`` of ``size = (radius, length)``
+    (axis along the shape's ``z``), ``(B,)``: the lower end face's centre, less the radius times the
+    length of the vertical axis projected on the end face's plane."""
+    radius, length = size[0], size[1]
+    a = R[:, 2, :]  # world z of the shape's axes: (R[2, 0], R[2, 1], R[2, 2])
+    s2 = a[:, 0] ** 2 + a[:, 1] ** 2
+    tilt = torch.where(s2 > 0, s2.clamp_min(torch.finfo(s2.dtype).tiny).sqrt(), torch.zeros_like(s2))
+    return p[:, 2] - 0.5 * length * a[:, 2].abs() - radius * tilt
+
+
+def warn_initial_penetration(scene: Scene, q: Tensor, threshold: float = PENETRATION_WARNING) -> dict[str, float]:
+    """Warn, once per call (one ``RuntimeWarning``), about every model of ``scene`` that starts more
+    than ``threshold`` m inside the ground, naming it, its deepest link and the depth.
+
+    What a rollout calls on its initial ``q``: a body that starts inside the ground is pushed out
+    by the contact step's Baumgarte term (``baumgarte * depth / dt`` per step), which launches it
+    visibly at centimetres of depth, while a body resting on the ground sits at most the solver's
+    tolerance inside it. The default threshold, 5 mm (:data:`PENETRATION_WARNING`), lies between
+    the two: no warning for a scene's own resting start (``diffmech.sim.scenes`` place their
+    bodies on the ground), one for a robot placed by guessing its height.
+
+    Args:
+        scene: the scene (nothing is checked or warned when it has no ground).
+        q: ``(..., scene.nq)`` initial configuration; with batch dimensions, the deepest batch
+            element of each model is reported (its index given).
+        threshold: depth in m above which to warn (non-negative).
+
+    Returns:
+        ``{name: depth}`` (m, the deepest over the batch) of the models warned about; empty when
+        there is no warning.
+    """
+    if not (threshold >= 0 and threshold < float("inf")):
+        raise ModelError(f"warn_initial_penetration: threshold must be a non-negative number of metres, got "
+                         f"{threshold!r}")
+    if not scene.ground:
+        return {}
+    with torch.no_grad():
+        pen = scene.penetration(q.detach() if isinstance(q, Tensor) else q)
+    lines, out = [], {}
+    for n, (depth, links) in pen.items():
+        flat = depth.reshape(-1)
+        k = int(flat.argmax())
+        d = float(flat[k])
+        if not d > threshold:
+            continue
+        link = links
+        index = []
+        if depth.dim():
+            index = list(torch.unravel_index(torch.tensor(k), depth.shape))
+            for i in index:
+                link = link[int(i)]
+        where = f", batch element {tuple(int(i) for i in index)}" if index else ""
+        fix = ("Scene.place_on_ground(q) raises it onto the ground" if scene.models[n].floating_base
+               else "it has a fixed base: change its joint angles or its base placement")
+        lines.append(f"model {n!r} starts {d:.4g} m inside the ground (link {link!r}{where}); {fix}")
+        out[n] = d
+    if lines:
+        warn("; ".join(lines) + f" (warning above {threshold:g} m)", RuntimeWarning)
+    return out
