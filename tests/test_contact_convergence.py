@@ -107,7 +107,7 @@ def test_the_solution_equals_an_independent_solve(laikago):
         sliding = active & (np.linalg.norm(w[:, 1:], axis=1) > 1e-9)
         assert sliding.any()  # the case the sweeps cycle on
 
-        def equations(x):
+        def equations(x, An=An, cn=cn, mun=mun, active=active, sliding=sliding):
             lx = x.reshape(-1, 3)
             wx = (An @ x + cn).reshape(-1, 3)
             out = []

@@ -270,3 +270,20 @@ def test_restitution_and_solver_are_checked():
     Scene([load_urdf(urdf.format(1.0), floating_base=True)])
     with pytest.raises(OptionError, match="unknown solver 'newton'"):
         Scene(ball, solver="newton")
+
+
+def test_a_rollout_that_starts_inside_the_ground_warns_once():
+    """The rollout checks its initial state once per scene: 0.2 m into the ground warns, naming the model and
+    the toe; the same scene's later rollouts say nothing more."""
+    pytest.importorskip("pybullet_data")
+    from diffmech.sim import rollout, scenes
+
+    scene, q0, v0 = scenes.laikago(1)
+    q = q0.clone()
+    q[2] -= 0.2
+    tau = torch.zeros(2, scene.nv, dtype=torch.float64)
+    with pytest.warns(RuntimeWarning, match=r"laikago0.*toe"):
+        rollout(scene, q, v0, tau, 1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        rollout(scene, q, v0, tau, 1e-3)

@@ -62,13 +62,19 @@ class JacobianTables:
 
 # Batches up to this size take this formulation in eager mode (see ``use_jacobians``).
 JACOBIAN_MAX_BATCH = 8
+# ... when ``B nq^2`` is at most this: its mass matrix costs ``6 nb nv^2`` products per state, against
+# O(npairs) <= O(nv^2) for the elementwise formulation. Measured on serial chains (2 shared cores, float64):
+# the Jacobian formulation is the faster up to about 70-90 DoFs at one state and 30 at eight (the mass
+# matrix, inverse and forward dynamics alike); 4x slower at 128 DoFs and eight states.
+JACOBIAN_MAX_WORK = 8192
 
 
 def use_jacobians(q: Tensor) -> bool:
-    """Whether the eager algorithms take the Jacobian formulation for ``q (B, nq)``: small batches,
-    outside compiled code (which pays per flop, and whose backward the tests cover on the
-    elementwise formulation)."""
-    return q.shape[0] <= JACOBIAN_MAX_BATCH and not torch.compiler.is_compiling()
+    """Whether the eager algorithms take the Jacobian formulation for ``q (B, nq)``: small batches of
+    robots with not too many DoFs, outside compiled code (which pays per flop, and whose backward the
+    tests cover on the elementwise formulation)."""
+    B = q.shape[0]
+    return B <= JACOBIAN_MAX_BATCH and B * q.shape[-1] ** 2 <= JACOBIAN_MAX_WORK and not torch.compiler.is_compiling()
 
 
 _ONE_THREAD_LOCK = threading.Lock()

@@ -63,6 +63,11 @@ METHODS = ("auto", "aba", "crba")
 # forward and fast gradient): faster than ABA at 1-64 states (1.1-1.6x) on the iiwa, the Allegro hand
 # and a 21-DoF floating-base humanoid; at 1024 states still on the first two, 1.5x slower on the humanoid.
 AUTO_CRBA_MAX_BATCH = 64
+# ... and (on the CPU) at most this many ``batch * nv^2``: CRBA + LU costs O(nv^2) to O(nv^3) per state,
+# ABA O(nv) plus a few operators per level of the tree. Measured on serial chains (2 shared cores,
+# float64, steady state): CRBA 2-5x faster at one state up to 400 DoFs, and at 16 states up to 50; ABA 2x
+# faster at 64 states from 50 DoFs and at 16 states from 150 (5x at 1000 DoFs and one state).
+AUTO_CRBA_MAX_WORK = 1 << 17
 
 
 class _Level(NamedTuple):
@@ -462,13 +467,15 @@ def _lu_apply(LU: Tensor, piv: Tensor, b: Tensor) -> Tensor:
     return torch.linalg.lu_solve(LU, piv, b[..., None])[..., 0]
 
 
-def resolve_method(method: str, batch: int) -> str:
-    """The algorithm ``method`` stands for at flat batch size ``batch`` (``"auto"`` picks one)."""
+def resolve_method(method: str, batch: int, nv: int = 0) -> str:
+    """The algorithm ``method`` stands for at flat batch size ``batch`` (``"auto"`` picks one) on a
+    tree of ``nv`` DoFs (``0``: leave the size out, as on CUDA)."""
     if method != "auto":
         return method
     # Eager small batches pay per operator, and CRBA + LU issues about half of ABA's operators (no
-    # sweep over the depth of the tree). Compiled code and large batches pay per flop: ABA.
-    return "crba" if batch <= AUTO_CRBA_MAX_BATCH and not torch.compiler.is_compiling() else "aba"
+    # sweep over the depth of the tree). Compiled code, large batches and long chains pay per flop: ABA.
+    return "crba" if (batch <= AUTO_CRBA_MAX_BATCH and batch * nv * nv <= AUTO_CRBA_MAX_WORK
+                      and not torch.compiler.is_compiling()) else "aba"
 
 
 class _ForwardDynamics(torch.autograd.Function):
@@ -570,7 +577,7 @@ def forward_dynamics_flat(
     check_method(method)
     if tree.coords is not None:
         return _mimic_forward_dynamics(tree, mt, q, v, tau, f_ext, passive)
-    method = resolve_method(method, q.shape[0])
+    method = resolve_method(method, q.shape[0], tree.nv if q.is_cpu else 0)
     # torch.func transforms need setup_context-style functions; plain autograd gives the same result there.
     fast_grad = fast_grad and not torch._C._are_functorch_transforms_active()
     if fast_grad and torch.is_grad_enabled() and any(
@@ -609,7 +616,8 @@ def forward_dynamics(
         passive: include the model's joint damping and springs.
         method: ``"aba"`` (Articulated Body Algorithm), ``"crba"`` (mass matrix and a batched LU
             solve) or ``"auto"`` (default: ``"crba"`` for eager batches of at most
-            ``AUTO_CRBA_MAX_BATCH`` states, where it issues fewer operators, else ``"aba"``). They
+            ``AUTO_CRBA_MAX_BATCH`` states, where it issues fewer operators, unless on the CPU
+            ``batch * nv^2`` exceeds ``AUTO_CRBA_MAX_WORK`` (long chains); else ``"aba"``). They
             agree to rounding.
         fast_grad: use the implicit-function-theorem backward (first-order gradients only).
             ``False`` backpropagates through the algorithm itself (for higher-order derivatives;

@@ -14,11 +14,11 @@ from .integrators import (
     get_integrator,
 )
 from .rollout import ADJOINTS, rollout
-from .scene import Scene
+from .scene import Scene, warn_initial_penetration
 from .stability import stable_dt
 
 __all__ = [
-    "rollout", "Scene", "contact_step", "prepare_ground_kernels",
+    "rollout", "Scene", "warn_initial_penetration", "contact_step", "prepare_ground_kernels",
     "ADJOINTS", "stable_dt", "INTEGRATORS", "Integrator", "ExplicitEuler", "SemiImplicitEuler",
     "ExplicitMidpoint", "RK4", "VariationalMidpoint", "get_integrator",
 ]

@@ -32,7 +32,7 @@ from ..dynamics._jacobian import JACOBIAN_MAX_BATCH, one_thread
 from ..errors import ShapeError, SimulationError
 from .contact_step import contact_step
 from .route import rollout_route, warn_unconverged
-from .scene import Scene
+from .scene import Scene, warn_initial_penetration
 
 # The checkpointed adjoint's default memory: the warm starts kept for the backward pass (the states
 # are the returned trajectory) stay under this many bytes; beyond it every other checkpoint is dropped
@@ -304,6 +304,9 @@ def scene_rollout(
         T = int(steps)
     B = int(torch.Size(batch).numel())
     q0f = q0.expand(*batch, scene.nq).reshape(B, scene.nq)
+    if not scene.__dict__.get("_checked_start"):  # once per scene: a robot placed by guessing its height
+        scene.__dict__["_checked_start"] = True
+        warn_initial_penetration(scene, q0f)
     v0f = v0.expand(*batch, scene.nv).reshape(B, scene.nv)
     tauf = None
     if policy is None:

@@ -60,7 +60,8 @@ class Scene(nn.Module):
         ground: a plane ``z = 0`` with normal ``+z`` (named ``"ground"`` in ``pairs``).
         friction: Coulomb coefficient of every pair (number or one-element tensor; a tensor that
             requires grad receives gradients through a rollout).
-        restitution: coefficient of restitution of every pair (0: plastic, 1: elastic), likewise.
+        restitution: coefficient of restitution of every pair, in ``[0, 1]`` (0: plastic, 1: elastic),
+            likewise (also in ``pairs`` and a URDF's ``<contact>``; outside ``[0, 1]``: ``ModelError``).
         pairs: per pair of names, ``{("ball", "ground"): {"friction": 0.0, "restitution": 0.5}}``
             (order of the two names does not matter). Where a pair is not listed, a link's URDF
             ``<contact>`` values (``lateral_friction``, ``restitution``) apply to its contacts
@@ -73,7 +74,7 @@ class Scene(nn.Module):
             ``"smooth"``: the relaxed problem of :mod:`diffmech.contact.smooth` (complementarity
             relaxed by ``smoothing``, friction by ``friction_smoothing``) by Newton's method from
             the PGS solution; forces and gradients vary smoothly across contact changes (a body
-            about to touch, a contact about to slip already has a gradient).
+            about to touch, a contact about to slip already has a gradient). Another name: ``OptionError``.
         smoothing: ``kappa`` of the smooth solver, J (impulse x separating speed): a candidate
             ``d`` m away feels about ``kappa dt / d`` N s.
         friction_smoothing: ``eps`` of the smooth solver, m/s: slip speed under which friction
