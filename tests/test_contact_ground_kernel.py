@@ -276,9 +276,9 @@ def test_native_step_gradient_wrt_a_link_mass(monkeypatch):
         stages = _spy_stages(monkeypatch)
         _run(scene, q, v, tau, dt, fused, _loss, monkeypatch=monkeypatch)
         monkeypatch.undo()
-        # the forward pass runs without a graph (the robot's tensors then need none), each step's replay
-        # in the backward pass with the stage's own node
-        assert (len(stages), sum(stages)) == ((2 * T, T) if fused else (0, 0))
+        # the forward pass by the stepper's one-node step (no stage of this route), each step's replay in
+        # the backward pass with the stage's own node
+        assert (len(stages), sum(stages)) == ((T, T) if fused else (0, 0))
         (p,) = [t for name, t in robot.learnable_parameters().items() if "left" in name]
         got[fused] = p.grad.clone()
     assert float(got[False].abs().max()) > 0

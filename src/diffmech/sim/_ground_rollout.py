@@ -25,12 +25,13 @@ robot parameter requires grad; otherwise the steps run as before.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ..contact import pgs_native, update_native
 from ..contact.pgs import NEWTON_ITERATIONS, implicit_vjp
@@ -42,7 +43,7 @@ from . import _ground_driver as _driver
 from ._ground_step import GroundPlan, _balls, coefficients, ground_plan
 from .scene import Scene
 
-__all__ = ["GroundStepper", "ground_stepper"]
+__all__ = ["GroundStepper", "ground_stepper", "native_step", "Impulses"]
 
 CHECK_EVERY = 4  # the PGS convergence test's period, as contact_step's solver call uses it
 # Balls x environments: no limit. contact_step's native route stops at _ground_step.MAX_BALL_STATES, where its
@@ -66,6 +67,12 @@ class Contacts(NamedTuple):
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
+def _coef_signature(scene: Scene, plan: GroundPlan) -> tuple:
+    """What the balls' friction and restitution are read from: the scene's values and tables (by identity)."""
+    return (id(scene.friction), id(scene.restitution), id(scene.pairs), id(scene.link_coefficients.get(plan.name)),
+            len(scene.pairs))
+
+
 class GroundStepper:
     """The steps of one rollout of ``scene`` (one robot on the ground, :func:`ground_stepper`): ``B``
     environments, ``dtype``, time step ``dt`` (s). :meth:`step` is the forward step,
@@ -85,8 +92,8 @@ class GroundStepper:
         self.fields = fields
         self.field_sizes = [plan.call.offsets[i][1] for i in fields]
         self.stage_vjp = plan.call.kernel(dtype, True, fields)
-        _, self.C = m.model_tensors_flat(dtype)
-        self.C = self.C.detach()
+        _, C = m.model_tensors_flat(dtype)
+        self.C, self._C_source = C.detach().clone(), C
         with torch.no_grad():
             consts = []
             if plan.n_drives:
@@ -98,6 +105,7 @@ class GroundStepper:
         self.dt_col = consts[-1]
         coef = coefficients(scene, plan, torch.arange(nb), list(range(nb)), 1, self.C)
         self.coef = np.stack([c.detach().to(dtype).reshape(-1).numpy() for c in coef])  # (2, nb)
+        self._coef_sig = _coef_signature(scene, plan)
         self.np_dtype = self.coef.dtype
         # the joint limits (floating-base joints have none)
         lim = m.joint_limits()
@@ -421,39 +429,79 @@ class GroundStepper:
             return self._parameter_grads(params)
 
     def _parameter_grads(self, params: Sequence[Tensor]) -> list[Tensor | None]:
+        pairs = self.tensors()
+        wanted = [p for p in params if p.requires_grad]
+        if not pairs or not wanted:
+            return [None] * len(params)
+        got = iter(torch.autograd.grad([t for t, _ in pairs], wanted, [g() for _, g in pairs], allow_unused=True))
+        return [next(got) if p.requires_grad else None for p in params]
+
+    def tensors(self) -> list[tuple[Tensor, Callable[[], Tensor]]]:
+        """The scene's tensors that require grad and reach the step -- the drive gains, the balls' sizes,
+        the friction and restitution of each ball, the robot's model tensors -- as the scene derives them
+        now (with their graphs; call with grad mode on), each with a function reading its cotangent
+        from the sums of the reverse steps since :meth:`reset`."""
         scene, plan, dtype, nb = self.scene, self.plan, self.dtype, self.nb
-        outs, grads = [], []
+        out = []
         off = 0
         if plan.n_drives:
             drv = torch.cat(scene.drives[plan.name]).to(dtype)
             w = drv.shape[0]
             if drv.requires_grad:
-                outs.append(drv)
-                grads.append(self.g_consts[off:off + w].to(dtype))
+                out.append((drv, lambda o=off, w=w: self.g_consts[o:o + w].to(dtype)))
             off += w
         if scene.shape_sizes:
             balls = _balls(scene, plan, dtype)[0]
             if balls.requires_grad:
-                outs.append(balls)
-                grads.append(self.g_consts[off:off + 4 * nb].to(dtype))
-        coef = coefficients(scene, plan, torch.arange(nb), list(range(nb)), 1, self.C)
-        for c, g in zip(coef, (self.g_mu, self.g_e)):
+                out.append((balls, lambda o=off: self.g_consts[o:o + 4 * nb].to(dtype)))
+        # where every coefficient is a number (the plan's constant table) none requires grad
+        coef = coefficients(scene, plan, torch.arange(nb), list(range(nb)), 1, self.C) \
+            if plan.coef_const is None or self._coef_sig != _coef_signature(scene, plan) else ()
+        for c, name in zip(coef, ("g_mu", "g_e")):
             if c.requires_grad:
-                outs.append(c.reshape(-1))
-                grads.append(torch.from_numpy(g).to(c.dtype))
+                out.append((c.reshape(-1), lambda name=name, d=c.dtype: torch.from_numpy(getattr(self, name)).to(d)))
         if self.fields:  # the robot's model tensors, derived from its learnable parameters with a graph
             mt, _ = scene.models[plan.name].model_tensors_flat(dtype)
             o = 0
             for i, size in zip(self.fields, self.field_sizes):
                 if mt[i].requires_grad:
-                    outs.append(mt[i])
-                    grads.append(self.g_red[o:o + size].view(mt[i].shape).to(mt[i].dtype))
+                    t = mt[i]
+                    out.append((t, lambda o=o, size=size, t=t: self.g_red[o:o + size].view(t.shape).to(t.dtype)))
                 o += size
-        wanted = [p for p in params if p.requires_grad]
-        if not outs or not wanted:
-            return [None] * len(params)
-        got = iter(torch.autograd.grad(outs, wanted, grads, allow_unused=True))
-        return [next(got) if p.requires_grad else None for p in params]
+        return out
+
+    def refresh(self) -> None:
+        """Read the scene's values into this stepper's buffers again, in place (the driver points at
+        them): the robot's constants, the drives, the balls' sizes, friction and restitution, the joint
+        limits and the solver's settings -- a stepper kept between steps (:func:`native_step`) sees a
+        value the user changed or replaced since."""
+        scene, plan, dtype, B = self.scene, self.plan, self.dtype, self.B
+        m = scene.models[plan.name]
+        with torch.no_grad():
+            _, C = m.model_tensors_flat(dtype)
+            if C is not self._C_source:
+                self.C.copy_(C)
+                self._C_source = C
+            if plan.n_drives:
+                self.consts[0].copy_(torch.cat(scene.drives[plan.name]).to(dtype).expand(B, -1))
+            if scene.shape_sizes:
+                self.consts[-2].copy_(_balls(scene, plan, dtype).to(dtype).expand(B, -1))
+            sig = _coef_signature(scene, plan)
+            if plan.coef_const is None or sig != self._coef_sig:  # a tensor (may change in place), or replaced
+                coef = coefficients(scene, plan, torch.arange(self.nb), list(range(self.nb)), 1, self.C)
+                for j, c in enumerate(coef):
+                    self.coef[j] = c.detach().to(dtype).reshape(-1).numpy()
+                self._coef_sig = sig
+            lim = m.joint_limits()
+            self.lo.copy_(lim["lower"]), self.hi.copy_(lim["upper"])
+        self.limits = (scene.limits and self.nl == m.nq - self.off and self.nl > 0
+                       and bool(np.isfinite(self.lon).any() or np.isfinite(self.hin).any()))
+        self.iterations, self.tol = scene.iterations, scene.tol
+        self.baumgarte, self.bounce_speed = scene.baumgarte, scene.bounce_speed
+        if self.driver is not None:
+            g = self.ground
+            g.limits, g.iterations = int(self.limits), int(self.iterations)
+            g.tol, g.baumgarte, g.bounce_speed = float(self.tol), float(self.baumgarte), float(self.bounce_speed)
 
 
 def ground_stepper(scene: Scene, q0: Tensor, dt: float, why: list | None = None) -> GroundStepper | None:
@@ -489,3 +537,123 @@ def ground_stepper(scene: Scene, q0: Tensor, dt: float, why: list | None = None)
             why.append("learnable parameters: " + kernels.unavailable_reason(err))
             return None
     return GroundStepper(scene, plan, q0.shape[0], q0.dtype, dt, fields)
+
+
+# ---------------------------------------------------------------------------- one step as one autograd node
+class Impulses(dict):
+    """A step's impulses as :func:`~diffmech.sim.contact_step` reports them (``{candidate key: (B, 3)}``),
+    carrying the stepper's own form (:class:`Contacts`) so that the next step's warm start skips the
+    conversion."""
+
+    contacts: Contacts | None = None
+
+
+def _keys(stepper: GroundStepper) -> list:
+    """The candidate key of every slot: the balls' (as the torch step names them), then the joint limits'
+    ``(model, +1.0, joint)`` (lower) and ``(model, -1.0, joint)`` (upper)."""
+    got = stepper.__dict__.get("_slot_keys")
+    if got is None:
+        n = stepper.plan.name
+        got = stepper._slot_keys = (list(stepper.plan.keys) + [(n, 1.0, j) for j in range(stepper.nl)]
+                                    + [(n, -1.0, j) for j in range(stepper.nl)])
+    return got
+
+
+def _as_impulses(stepper: GroundStepper, c: Contacts) -> Impulses:
+    keys = _keys(stepper)
+    out = Impulses(zip([keys[s] for s in c.slots.tolist()], c.lam.unbind(1)))
+    out.contacts = c
+    return out
+
+
+def _as_contacts(stepper: GroundStepper, warm) -> Contacts | None:
+    """The stepper's warm start from a step's reported impulses (its own, or the torch step's keys)."""
+    if not warm:
+        return None
+    c = getattr(warm, "contacts", None)
+    if c is not None:
+        return c
+    index = stepper.__dict__.get("_slot_index")
+    if index is None:
+        index = stepper._slot_index = {k: s for s, k in enumerate(_keys(stepper))}
+    pairs = [(index[k], x) for k, x in warm.items() if k in index]
+    if not pairs:
+        return None
+    return Contacts(np.array([s for s, _ in pairs], dtype=np.int64),
+                    torch.stack([x.detach().to(stepper.dtype).expand(stepper.B, 3) for _, x in pairs], 1).contiguous())
+
+
+class _NativeStep(torch.autograd.Function):
+    """One contact step by the stepper (one C call), its reverse another: the cotangents of ``q``, ``v``,
+    ``tau`` and of the scene's tensors (:meth:`GroundStepper.tensors`), which autograd carries on to the
+    parameters they came from."""
+
+    @staticmethod
+    def forward(ctx, stepper, info, warm, getters, q, v, tau, *tensors):
+        q1, v1 = stepper.step(stepper.scene, q.detach(), v.detach(), tau.detach(), stepper.dt, info, warm)
+        ctx.stepper, ctx.kept, ctx.getters = stepper, info["lam"], getters
+        ctx.save_for_backward(q, v, tau)
+        return q1, v1
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, gq1, gv1):
+        q, v, tau = ctx.saved_tensors
+        stepper = ctx.stepper
+        gq1 = torch.zeros_like(q) if gq1 is None else gq1
+        gv1 = torch.zeros_like(v) if gv1 is None else gv1
+        stepper.reset()
+        gq, gv, gt, finite = stepper.vjp(q.detach(), v.detach(), tau.detach(), ctx.kept, gq1.contiguous(),
+                                         gv1.contiguous())
+        if not finite:
+            from ..errors import SimulationError
+
+            raise SimulationError("contact_step backward: non-finite gradient (of q, v or tau)")
+        grads = [g() for g in ctx.getters]
+        return (None, None, None, None, gq.to(q.dtype), gv.to(v.dtype), gt.to(tau.dtype), *grads)
+
+
+_STEPPERS_KEPT = 8  # steppers per plan (batch size, dtype, dt, learnable fields): RL uses one or two
+
+
+def native_step(scene: Scene, plan: GroundPlan, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict,
+                warm) -> tuple[Tensor, Tensor] | None:
+    """:func:`~diffmech.sim.contact_step` of a scene :func:`ground_plan` serves, as one autograd node over
+    the stepper's C calls (:class:`_NativeStep`); ``None`` where it cannot run (a joint limit that requires
+    grad, the contact kernels or the learnable parameters' reverse mode not built): the caller's route
+    then runs."""
+    m = scene.models[plan.name]
+    lim = m.joint_limits()
+    if lim["lower"].requires_grad or lim["upper"].requires_grad:
+        return None
+    grad = torch.is_grad_enabled()
+    fields: tuple[int, ...] = ()
+    if grad:
+        mt, _ = m.model_tensors_flat(q.dtype)
+        wanted = [t.requires_grad for t in mt]
+        fields = plan.call.fields_read(wanted) if any(wanted) else ()
+    key = (q.shape[0], q.dtype, float(dt), fields)
+    steppers = plan.__dict__.setdefault("steppers", {})
+    stepper = steppers.get(key)
+    if stepper is None:
+        if not update_native.available(q) or not pgs_native.enabled() or pgs_native._library() is None:
+            return None
+        try:
+            if fields:
+                plan.call.kernel(q.dtype, True, fields)
+            stepper = GroundStepper(scene, plan, q.shape[0], q.dtype, dt, fields)
+        except NativeUnavailable:
+            return None
+        if len(steppers) >= _STEPPERS_KEPT:
+            steppers.clear()
+        steppers[key] = stepper
+    else:
+        stepper.refresh()
+    w = _as_contacts(stepper, warm)
+    pairs = stepper.tensors() if grad else []
+    if grad and (q.requires_grad or v.requires_grad or tau.requires_grad or pairs):
+        q1, v1 = _NativeStep.apply(stepper, info, w, [g for _, g in pairs], q, v, tau, *[t for t, _ in pairs])
+    else:
+        q1, v1 = stepper.step(scene, q.detach(), v.detach(), tau.detach(), dt, info, w)
+    info["lam"] = _as_impulses(stepper, info["lam"])
+    return q1, v1

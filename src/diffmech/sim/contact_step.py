@@ -482,11 +482,9 @@ def _replayed(replay: dict) -> tuple[list[int], list[tuple[int, int]], dict]:
 
 def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict | None, warm: dict | None,
           replay: dict | None = None) -> tuple[Tensor, Tensor]:
-    plan, stage, route = step_route(scene, q, v, tau, dt)
-    if info is not None:
-        info["route"] = route
-    if plan is not None:
-        return _ground_step(scene, plan, stage, q, v, dt, info, warm, replay)
+    got = step_route(scene, q, v, tau, dt, info, warm, replay)
+    if got is not None:
+        return got
     B = q.shape[0]
     dtype = q.dtype
     names = scene.names

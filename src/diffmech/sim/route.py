@@ -25,8 +25,8 @@ import warnings
 from torch import Tensor
 
 from ..dynamics import kernels
-from ._ground_rollout import GroundStepper, ground_stepper
-from ._ground_step import GroundPlan, Stage, ground_plan, ground_stage
+from ._ground_rollout import GroundStepper, ground_stepper, native_step
+from ._ground_step import MAX_BALL_STATES, ground_plan, ground_stage
 from .scene import Scene
 
 __all__ = ["rollout_route", "step_route", "warn_unconverged", "NATIVE"]
@@ -52,18 +52,36 @@ def rollout_route(scene: Scene, q0: Tensor, dt: float, adjoint: str) -> tuple[Gr
     return stepper, NATIVE
 
 
-def step_route(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float
-               ) -> tuple[GroundPlan | None, Stage | None, str]:
-    """The native first stage of a contact step (``(plan, stage)``, or ``(None, None)`` for the torch
-    step) and the route's name."""
+def step_route(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict, warm, replay
+               ) -> tuple[Tensor, Tensor] | None:
+    """A contact step by a native route where one serves it, its route's name in ``info["route"]``; ``None``
+    where the torch step must run (``info["route"]`` then says why; raises under ``DIFFMECH_NATIVE=require``).
+
+    Native routes, in order: the stepper's C calls as one autograd node (:func:`._ground_rollout.native_step`:
+    any batch size, policies and learnable parameters through ordinary autograd); for a replayed step (the
+    checkpointed adjoint's recomputation, see :func:`~diffmech.sim.contact_step`) or where that node cannot
+    run (a joint limit that requires grad), the step's first stage in one kernel with the torch code's
+    contact selection and the solve in C (up to :data:`._ground_step.MAX_BALL_STATES` balls x states)."""
     why: list[str] = []
-    plan = ground_plan(scene, q, why=why)
+    plan = ground_plan(scene, q, None, why)
     if plan is not None:
-        stage = ground_stage(scene, plan, q, v, tau, dt)
-        if stage is not None:
-            return plan, stage, NATIVE
-        why.append("learnable parameters: kernels not built (set_native('build') or `diffmech kernels build`)")
-    return None, None, _torch("contact_step", why[0] if why else "scene")
+        if replay is None:
+            got = native_step(scene, plan, q, v, tau, dt, info, warm)
+            if got is not None:
+                info["route"] = NATIVE
+                return got
+        if q.shape[0] * len(plan.links) <= MAX_BALL_STATES:
+            stage = ground_stage(scene, plan, q, v, tau, dt)
+            if stage is not None:
+                info["route"] = NATIVE
+                from .contact_step import _ground_step
+
+                return _ground_step(scene, plan, stage, q, v, dt, info, warm, replay)
+            why.append("learnable parameters: kernels not built (set_native('build') or `diffmech kernels build`)")
+        else:
+            why.append(f"batch ({q.shape[0]} x {len(plan.links)} balls > {MAX_BALL_STATES}) for a replayed step")
+    info["route"] = _torch("contact_step", why[0] if why else "scene")
+    return None
 
 
 def warn_unconverged(scene: Scene, info: dict, where: str) -> None:
