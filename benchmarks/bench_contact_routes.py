@@ -13,6 +13,9 @@ thread. Rows:
   weights; batch 1 and 16;
 * each on the native route (``DIFFMECH_NATIVE`` auto, kernels built first) and the torch route
   (``native_mode("never")``);
+* the Ant (:class:`diffmech.rl.Ant`, 1 and 64 environments): a SHAC window of 16 environment steps
+  and its backward pass with an MLP policy, with a fixed action sequence, and gymnasium's MuJoCo
+  ``Ant-v5`` stepping the same environments without gradients (in a loop);
 * ``sweeps only``: the forward rollout with the solve's Newton iterations switched off
   (``NEWTON_ITERATIONS = 0``; its impulses then break the contact conditions on most of these steps),
   against the default forward: the Newton iterations' share of the time.
@@ -104,10 +107,78 @@ def _rounds(variants: dict, rounds: int) -> dict:
     return out
 
 
+def _ant_window(batch: int, steps: int, policy: bool, rounds: int) -> dict:
+    """SHAC's unit of work on :class:`diffmech.rl.Ant`: ``steps`` environment steps from the current states
+    and the backward pass of their summed reward, by an MLP policy (observation -> 8 actions, 64 hidden
+    units, tanh) or a fixed action sequence that requires grad; seconds per window, per round."""
+    from diffmech.rl import Ant
+
+    env = Ant(batch, seed=0)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(env.obs_dim, 64), torch.nn.Tanh(),
+                              torch.nn.Linear(64, env.act_dim)).to(F64)
+    acts = (0.5 * torch.randn(steps, batch, env.act_dim, dtype=F64)).requires_grad_()
+    obs = env.reset()
+    out = []
+    routes = set()
+    for r in range(rounds + 1):  # the first: warm-up (kernels loaded, steppers made)
+        t0 = time.perf_counter()
+        total = 0.0
+        for k in range(steps):
+            a = torch.tanh(net(obs)) if policy else acts[k]
+            res = env.step(a)
+            total = total + res.reward.sum()
+            obs = res.obs
+        total.backward()
+        env.q, env.v = env.q.detach(), env.v.detach()  # SHAC: the next window starts from detached states
+        obs = obs.detach()
+        if r:
+            out.append(time.perf_counter() - t0)
+        info: dict = {}
+        from diffmech.sim import contact_step
+
+        with torch.no_grad():
+            contact_step(env.scene, env.q, env.v, torch.zeros(batch, env.scene.nv, dtype=F64), env.sim_dt, info=info)
+        routes.add(info["route"])
+    return {"seconds": out, "route": sorted(routes)}
+
+
+def _gymnasium_ant(batch: int, steps: int, rounds: int) -> list[float] | None:
+    """Seconds of ``steps`` steps of gymnasium's own ``Ant-v5`` (``batch`` environments in a loop, no
+    gradients), per round; ``None`` where it does not import."""
+    try:
+        import gymnasium
+        import numpy as np
+    except ImportError:
+        return None
+    try:
+        envs = [gymnasium.make("Ant-v5") for _ in range(batch)]
+    except Exception as e:  # noqa: BLE001 - gymnasium's MuJoCo environments need mujoco and imageio
+        print(f"gymnasium Ant-v5 unavailable: {e}", flush=True)
+        return None
+    rng = np.random.default_rng(0)
+    for i, e in enumerate(envs):
+        e.reset(seed=i)
+    out = []
+    for r in range(rounds + 1):
+        acts = rng.uniform(-1, 1, (steps, batch, 8))
+        t0 = time.perf_counter()
+        for k in range(steps):
+            for i, e in enumerate(envs):
+                _, _, term, trunc, _ = e.step(acts[k, i])
+                if term or trunc:
+                    e.reset()
+        if r:
+            out.append(time.perf_counter() - t0)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--ant-batches", default="1,64", help="Ant environments (default %(default)s); '' skips")
+    ap.add_argument("--window", type=int, default=16, help="SHAC window of the Ant rows (default %(default)s)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     t_build = time.perf_counter()
@@ -182,6 +253,27 @@ def main() -> None:
                          "newton_iterations_max": st_newton["contact_newton_max"]}
     print(results["newton"], flush=True)
 
+    # the Ant: an MLP policy's window and its backward, a fixed action sequence's, gymnasium's Ant-v5 stepping
+    results["ant"] = []
+    for batch in [int(x) for x in args.ant_batches.split(",") if x]:
+        from diffmech.rl import Ant
+
+        with kernels.native_mode("build"):  # the Ant's kernels, once per machine (minutes)
+            Ant(batch, seed=0)
+        pol = _ant_window(batch, args.window, True, args.rounds)
+        fixed = _ant_window(batch, args.window, False, args.rounds)
+        gym = _gymnasium_ant(batch, args.window, args.rounds)
+        n = args.window * batch
+        row = {"batch": batch, "window": args.window, "route": pol["route"],
+               "policy_ms_per_env_step": 1e3 * statistics.median(pol["seconds"]) / n,
+               "fixed_ms_per_env_step": 1e3 * statistics.median(fixed["seconds"]) / n,
+               "policy_over_fixed": ratio(pol["seconds"], fixed["seconds"])}
+        if gym is not None:
+            row["gymnasium_ms_per_env_step"] = 1e3 * statistics.median(gym) / n
+            row["policy_over_gymnasium"] = ratio(pol["seconds"], gym)
+        results["ant"].append(row)
+        print(row, flush=True)
+
     lines = [MARK_START, "", f"`python benchmarks/bench_contact_routes.py` ({results['machine']['cpu']}, 1 thread, "
              f"commit {results['machine'].get('commit', '')}). Laikago standing, {T} steps of {DT * 1e3:g} ms, "
              "forward + backward; ratios from rounds of adjacent blocks (median, lowest-highest round).", "",
@@ -198,7 +290,22 @@ def main() -> None:
               f"{n['ratio_rounds'][1]:.2f}). Without them {n['sweeps_only_unconverged_steps']} of {T} steps stop short "
               f"(contact conditions violated by up to {n['sweeps_only_violation_max']:.2g} m/s); with them "
               f"{n['newton_unconverged_steps']} (at most {n['newton_iterations_max']} iterations, violation "
-              f"{n['newton_violation_max']:.2g} m/s).", "", MARK_END]
+              f"{n['newton_violation_max']:.2g} m/s).", ""]
+    if results["ant"]:
+        lines += [f"`diffmech.rl.Ant`: a window of {args.window} environment steps and its backward "
+                  "pass (SHAC's unit), an MLP policy (64 tanh units) against a fixed action sequence, and "
+                  "gymnasium's `Ant-v5` stepping the same number of environments in a loop without gradients; "
+                  "ms per environment step.", "",
+                  "| Ants | route | policy | fixed actions | policy / fixed | gymnasium Ant-v5 | policy / gymnasium |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in results["ant"]:
+            pf, pg = r["policy_over_fixed"], r.get("policy_over_gymnasium")
+            lines.append(f"| {r['batch']} | {', '.join(r['route'])} | {r['policy_ms_per_env_step']:.3f} | "
+                         f"{r['fixed_ms_per_env_step']:.3f} | {pf[0]:.2f} ({pf[1]:.2f}-{pf[2]:.2f}) | "
+                         + (f"{r['gymnasium_ms_per_env_step']:.3f} | {pg[0]:.1f} ({pg[1]:.1f}-{pg[2]:.1f})"
+                            if pg else "- | -") + " |")
+        lines.append("")
+    lines.append(MARK_END)
     print("\n".join(lines))
     if not args.no_write:
         with open(os.path.join(ROOT, "benchmarks", "results", "contact_routes.json"), "w") as f:
