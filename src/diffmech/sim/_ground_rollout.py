@@ -106,6 +106,7 @@ class GroundStepper:
         coef = coefficients(scene, plan, torch.arange(nb), list(range(nb)), 1, self.C)
         self.coef = np.stack([c.detach().to(dtype).reshape(-1).numpy() for c in coef])  # (2, nb)
         self._coef_sig = _coef_signature(scene, plan)
+        self._seen: dict = {}  # refresh(): the signatures of the values last read
         self.np_dtype = self.coef.dtype
         # the joint limits (floating-base joints have none)
         lim = m.joint_limits()
@@ -483,7 +484,11 @@ class GroundStepper:
                 self.C.copy_(C)
                 self._C_source = C
             if plan.n_drives:
-                self.consts[0].copy_(torch.cat(scene.drives[plan.name]).to(dtype).expand(B, -1))
+                drives = scene.drives[plan.name]
+                sig = tuple((id(t), t._version) for t in drives)
+                if sig != self._seen.get("drives"):  # a tensor replaced or changed in place
+                    self.consts[0].copy_(torch.cat(drives).to(dtype).expand(B, -1))
+                    self._seen["drives"] = sig
             if scene.shape_sizes:
                 self.consts[-2].copy_(_balls(scene, plan, dtype).to(dtype).expand(B, -1))
             sig = _coef_signature(scene, plan)
@@ -493,9 +498,13 @@ class GroundStepper:
                     self.coef[j] = c.detach().to(dtype).reshape(-1).numpy()
                 self._coef_sig = sig
             lim = m.joint_limits()
-            self.lo.copy_(lim["lower"]), self.hi.copy_(lim["upper"])
-        self.limits = (scene.limits and self.nl == m.nq - self.off and self.nl > 0
-                       and bool(np.isfinite(self.lon).any() or np.isfinite(self.hin).any()))
+            lo, hi = lim["lower"], lim["upper"]
+            sig = (id(lo), lo._version, id(hi), hi._version, scene.limits)
+            if sig != self._seen.get("limits"):
+                self.lo.copy_(lo), self.hi.copy_(hi)
+                self.limits = (scene.limits and self.nl == m.nq - self.off and self.nl > 0
+                               and bool(np.isfinite(self.lon).any() or np.isfinite(self.hin).any()))
+                self._seen["limits"] = sig
         self.iterations, self.tol = scene.iterations, scene.tol
         self.baumgarte, self.bounce_speed = scene.baumgarte, scene.bounce_speed
         if self.driver is not None:
