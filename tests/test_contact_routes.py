@@ -144,3 +144,33 @@ def test_the_native_step_node_against_central_differences():
                 fd.append((up - down) / (2 * h))
             assert fd[0] == pytest.approx(fd[1], rel=1e-4, abs=1e-9)  # smooth there
             assert float(g) == pytest.approx(fd[0], rel=1e-4, abs=1e-8), (idx, float(g), fd)
+
+
+def test_the_default_checkpoint_spacing_keeps_memory_flat(monkeypatch):
+    """``checkpoint_every=None``: every state's warm start is kept until they outgrow the budget, then the
+    spacing doubles; the kept bytes stay under the budget whatever the horizon, and the gradient is the
+    one with every state kept (the recomputation repeats the forward pass bit for bit)."""
+    import importlib
+
+    cr = importlib.import_module("diffmech.sim.contact_rollout")
+    box = diffmech.model.systems.box((0.2, 0.2, 0.2), 1.0, name="box")
+    scene = Scene([box], friction=0.4)
+    q0 = scene.neutral_configuration().clone()
+    q0[2] = 0.1
+    v0 = torch.zeros(scene.nv, dtype=F64)
+    v0[0] = 1.0
+    monkeypatch.setattr(cr, "CHECKPOINT_BUDGET", 4096)
+    kept, spacing, grads = {}, {}, {}
+    for T in (100, 400):
+        for every in (None, 1):
+            tau = torch.zeros(T, scene.nv, dtype=F64, requires_grad=True)
+            stats: dict = {}
+            qs, _ = rollout(scene, q0, v0, tau, 1e-3, checkpoint_every=every, stats=stats)
+            qs[-1, 0].backward()
+            kept[T, every], spacing[T, every], grads[T, every] = stats["saved_state_bytes"], stats[
+                "checkpoint_every"], tau.grad
+        assert torch.equal(grads[T, None], grads[T, 1])
+    assert spacing[100, None] > 1 and spacing[400, None] > spacing[100, None]
+    warm = {T: kept[T, None] - (T // spacing[T, None] + 2) * (scene.nq + scene.nv) * 8 for T in (100, 400)}
+    assert all(0 < w <= 4096 + 512 for w in warm.values()), warm  # the warm starts (one past the budget at most)
+    assert kept[400, 1] > 4 * kept[400, None]
