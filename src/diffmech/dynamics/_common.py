@@ -20,6 +20,7 @@ import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.utils.weak
 from torch import Tensor
@@ -316,8 +317,6 @@ class LocalTables:
         crba_gather: (nv * nv,) long, per entry of the row-major mass matrix its row in the values
             ``(far + near, B)`` of the pairs above (a far pair also fills its transpose), ``far +
             near`` for the entries no pair reaches (a zero row appended to the values).
-
-    Every table has O(npairs) <= O(nb^2) entries, or at most ``SMALL_SUM``.
         parent: (nb,) long, each body's parent (a body hanging from the world: itself).
         levels: per ABA depth (deepest first, below a floating base), its bodies as a long tensor
             (``None`` for a single body).
@@ -326,16 +325,18 @@ class LocalTables:
         root_mask: (nj, 1, 1) ``1`` on bodies hanging from the world (fixed base), else ``0``.
         base_pairs: (nb,) long, the rows of the pairs ``(0, b)`` (floating base; else empty).
         eye3: (3, 3) identity.
+
+    Every table has O(npairs) <= O(nb^2) entries (the 0/1 matrices: at most ``SMALL_SUM``).
     """
 
     anc: Tensor
     desc: Tensor
     npairs: int
-    sum_anc: Tensor
+    sum_anc: Tensor | None
     jp_pair: Tensor
     jp_joint: Tensor
     jp_body: Tensor
-    jp_sum: Tensor
+    jp_sum: Tensor | None
     far_d: Tensor
     far_e: Tensor
     near_d: Tensor
@@ -355,22 +356,19 @@ def local_tables(tree: KinematicTree, dtype: torch.dtype, device: torch.device) 
 
 
 def _make_local_tables(tree: KinematicTree, dtype: torch.dtype, device: torch.device) -> LocalTables:
-    nb, nv, nj, par, db = tree.nb, tree.nv, tree.nj, tree.body_parent, tree.dof_body
-    pairs = []
-    for b in range(nb):
-        a = b
-        while a >= 0:
-            pairs.append((a, b))
-            a = par[a]
-    anc = torch.tensor([a for a, _ in pairs], dtype=torch.long)
-    jrows = [k for k, (a, _) in enumerate(pairs) if a >= tree.nfree]
-    jpairs = [(pairs[k][0] - tree.nfree, pairs[k][1]) for k in jrows]
-    jp_joint = torch.tensor([j for j, _ in jpairs], dtype=torch.long)
-    far = [(d, e) for d, e in tree.crba_pairs if db[d] != db[e]]
-    near = [(d, e) for d, e in tree.crba_pairs if db[d] == db[e]]
-    fn = torch.tensor(far + near, dtype=torch.long).reshape(-1, 2)
-    mirror = torch.arange(len(fn)) < len(far)
-    gather = pair_gather(nv, fn[:, 0].contiguous(), fn[:, 1].contiguous(), mirror)
+    # Index arithmetic on arrays: a 1000-body chain has half a million pairs of each kind.
+    nb, nv, nj, par, nf = tree.nb, tree.nv, tree.nj, tree.body_parent, tree.nfree
+    db = np.asarray(tree.dof_body, dtype=np.int64)
+    pairs = tree.body_pair_array()  # (a, b): a at or above b
+    anc, desc = pairs[:, 0], pairs[:, 1]
+    jrows = np.nonzero(anc >= nf)[0]
+    jp_joint = anc[jrows] - nf
+    cp = tree.crba_pair_array()
+    same = db[cp[:, 0]] == db[cp[:, 1]]
+    fn = np.concatenate([cp[~same], cp[same]])  # the far pairs, then the near ones
+    nfar = int((~same).sum())
+    gather = pair_gather(nv, torch.from_numpy(fn[:, 0].copy()), torch.from_numpy(fn[:, 1].copy()),
+                         torch.arange(len(fn)) < nfar)
     mask = torch.zeros(nv, 6, 1, dtype=dtype)
     mask[:, 3:] = 1
     mask[: 3 * tree.nfree, :3] = 1  # base translations: (R0 e_i; 0) wherever the base is
@@ -378,21 +376,20 @@ def _make_local_tables(tree: KinematicTree, dtype: torch.dtype, device: torch.de
         if prismatic:
             mask[tree.v_joint_start + k, :3] = 1
     roots = [float(not tree.nfree and p < 0) for p in par[tree.nfree:]]
-    long = lambda x: torch.tensor(x, dtype=torch.long, device=device).reshape(-1)  # noqa: E731
+    long = lambda x: torch.as_tensor(np.ascontiguousarray(x, dtype=np.int64)).reshape(-1).to(device)  # noqa: E731
     return LocalTables(
-        anc=anc.to(device), desc=long([b for _, b in pairs]), npairs=len(pairs),
-        sum_anc=_sum_matrix(anc, nb, dtype, device),
-        jp_pair=long(jrows), jp_joint=jp_joint.to(device), jp_body=long([b for _, b in jpairs]),
-        jp_sum=_sum_matrix(jp_joint, nj, dtype, device),
-        far_d=long([d for d, _ in far]), far_e=long([e for _, e in far]),
-        near_d=long([d for d, _ in near]), near_e=long([e for _, e in near]),
+        anc=long(anc), desc=long(desc), npairs=len(pairs),
+        sum_anc=_sum_matrix(torch.from_numpy(anc.copy()), nb, dtype, device),
+        jp_pair=long(jrows), jp_joint=long(jp_joint), jp_body=long(desc[jrows]),
+        jp_sum=_sum_matrix(torch.from_numpy(jp_joint.copy()), nj, dtype, device),
+        far_d=long(fn[:nfar, 0]), far_e=long(fn[:nfar, 1]), near_d=long(fn[nfar:, 0]), near_e=long(fn[nfar:, 1]),
         crba_gather=gather.to(device),
         parent=long([b if a < 0 else a for b, a in enumerate(par)]),
         levels=tuple(None if len(idx) == 1 else long(idx) for idx, _ in reversed(tree.levels)
                      if not (tree.nfree and idx == (0,))),
         local_mask=mask.to(device),
         root_mask=torch.tensor(roots, dtype=dtype, device=device).reshape(-1, 1, 1),
-        base_pairs=long([k for k, (a, _) in enumerate(pairs) if a == 0] if tree.nfree else []),
+        base_pairs=long(np.nonzero(anc == 0)[0] if tree.nfree else []),
         eye3=torch.eye(3, dtype=dtype, device=device),
     )
 

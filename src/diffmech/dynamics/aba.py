@@ -66,8 +66,12 @@ AUTO_CRBA_MAX_BATCH = 64
 # ... and (on the CPU) at most this many ``batch * nv^2``: CRBA + LU costs O(nv^2) to O(nv^3) per state,
 # ABA O(nv) plus a few operators per level of the tree. Measured on serial chains (2 shared cores,
 # float64, steady state): CRBA 2-5x faster at one state up to 400 DoFs, and at 16 states up to 50; ABA 2x
-# faster at 64 states from 50 DoFs and at 16 states from 150 (5x at 1000 DoFs and one state).
-AUTO_CRBA_MAX_WORK = 1 << 17
+# faster at 64 states from 50 DoFs and at 16 states from 150 (5x at 1000 DoFs and one state). The limit
+# (one state up to 256 DoFs, 16 up to 64) is lower than the speed alone would set: solving with M loses
+# digits in proportion to its condition number, which grows fast with the length of a chain (CRBA + LU
+# within 1e-10 of Pinocchio's ABA up to 150 links, 2e-9 at 300, as Pinocchio's own CRBA + solve; ABA
+# within 1e-11 at 300).
+AUTO_CRBA_MAX_WORK = 1 << 16
 
 
 class _Level(NamedTuple):
@@ -458,8 +462,24 @@ def _solve_crba(tree: KinematicTree, mt: ModelTensors, q, v, tau, f_ext, passive
     inertia = world_inertia(ts) if world else com_inertia(tree, ts)
     M = crba_world_bl(tree, ts, inertia) if world else crba_bl(tree, ts, inertia)
     h = rnea_bl(tree, ts, q.transpose(0, 1), v.transpose(0, 1), None, f_ext, passive, inertia).transpose(0, 1)
-    LU, piv, _ = torch.linalg.lu_factor_ex(M)
+    LU, piv, _ = _lu_factor(M)
     return _lu_apply(LU, piv, tau - h), (LU, piv), (ts, inertia if world else None)
+
+
+# Measured with torch 2.13+cpu (oneMKL 2024.2) on 2 cores: once ``torch.set_num_threads`` has been called
+# (:class:`~._jacobian.one_thread` does), a batched LU of matrices larger than about 140 on two threads
+# fails inside MKL ("Parameter 6 was incorrect on entry to DLASWP") and then hangs. Those are factored on
+# one thread (at that size the work per matrix dwarfs the lost batch parallelism).
+LU_ONE_THREAD_ABOVE = 128
+
+
+def _lu_factor(M: Tensor):
+    """``torch.linalg.lu_factor_ex(M)`` for ``M (B, nv, nv)``, large CPU batches on one thread."""
+    if (M.shape[-1] > LU_ONE_THREAD_ABOVE and M.shape[0] > 1 and M.is_cpu
+            and not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active()):
+        with one_thread():
+            return torch.linalg.lu_factor_ex(M)
+    return torch.linalg.lu_factor_ex(M)
 
 
 def _lu_apply(LU: Tensor, piv: Tensor, b: Tensor) -> Tensor:

@@ -57,6 +57,7 @@ from ..dynamics.free_flyer import free_flyer_integrate, free_flyer_vjp
 from ..errors import ModelError, OptionError, ShapeError
 from ..implicit import newton_solve
 from ..model.parameters import ModelTensors
+from ..model.tree import symmetric_from_pairs
 from ..robot import RobotModel
 
 __all__ = [
@@ -157,8 +158,7 @@ class _Configuration:
     def symmetric(self, vals: Tensor) -> Tensor:
         """``(B, nv, nv)`` symmetric matrix from its values ``(npairs, B)`` at the CRBA pairs (``d`` at
         or above ``e``)."""
-        nv = self.tree.nv
-        return tree_sum(self.tables.crba_scatter, vals).transpose(0, 1).reshape(-1, nv, nv)
+        return symmetric_from_pairs(self.tables, vals)  # one gather: no O(nv^4) placement table
 
     def mass(self) -> Tensor:
         """``M(q) (B, nv, nv)``: ``M[d, e] = S_d . Ic_e S_e``."""
