@@ -102,8 +102,8 @@ static void jacobian_SUFFIX(int64_t K, const REAL *A, const REAL *inv, const REA
 }
 
 /* x solving M x = b (M R x R, row-major, overwritten by its LU factors; b overwritten by x), partial
-   pivoting. Returns 0 where a pivot is below 1e-12 of the largest (x then not computed). */
-static int lu_solve_SUFFIX(int64_t R, REAL *M, REAL *b, int64_t *piv) {
+   pivoting. Returns 0 where a pivot is at most `rel` times the largest (x then not computed). */
+static int lu_solve_SUFFIX(int64_t R, REAL *M, REAL *b, int64_t *piv, REAL rel) {
     REAL pmax = 0, pmin = INFINITY;
     for (int64_t col = 0; col < R; ++col) {
         int64_t p = col;
@@ -126,7 +126,7 @@ static int lu_solve_SUFFIX(int64_t R, REAL *M, REAL *b, int64_t *piv) {
                 for (int64_t j = col + 1; j < R; ++j) M[i * R + j] -= f * M[col * R + j];
         }
     }
-    if (!(pmin > (REAL)1e-12 * pmax)) return 0;
+    if (!(pmin > rel * pmax)) return 0;
     for (int64_t i = 0; i < R; ++i) { REAL t = b[i]; b[i] = b[piv[i]]; b[piv[i]] = t; }
     for (int64_t i = 0; i < R; ++i) for (int64_t j = 0; j < i; ++j) b[i] -= M[i * R + j] * b[j];
     for (int64_t i = R - 1; i >= 0; --i) {
@@ -191,7 +191,7 @@ static int64_t newton_SUFFIX(int64_t K, const REAL *Ab, const REAL *cb, const RE
         jacobian_SUFFIX(K, Ab, inv, mub, lb, w, Jm);
         for (int64_t i = 0; i < R; ++i) d[i] = -G[i];
         memcpy(N, Jm, sizeof(REAL) * (size_t)(R * R));
-        if (!lu_solve_SUFFIX(R, N, d, piv)) {
+        if (!lu_solve_SUFFIX(R, N, d, piv, (REAL)1e-12)) {
             jacobian_SUFFIX(K, Ab, inv, mub, lb, w, Jm);
             REAL s = g / (scale > 0 ? scale : (REAL)1);
             s = s < (REAL)1e-2 ? s : (REAL)1e-2;
@@ -411,42 +411,10 @@ int64_t vjp_SUFFIX(int64_t B, int64_t K, const REAL *A, const REAL *c, const REA
                 }
             }
         }
-        /* LU with partial pivoting of F'^T (in place), then F'^T u = grad */
-        REAL pmax = 0, pmin = INFINITY;
-        for (int64_t col = 0; col < R; ++col) {
-            int64_t p = col;
-            REAL best = FABS(F[col * R + col]);
-            for (int64_t i = col + 1; i < R; ++i) {
-                REAL x = FABS(F[i * R + col]);
-                if (x > best) { best = x; p = i; }
-            }
-            piv[col] = p;
-            if (p != col)
-                for (int64_t j = 0; j < R; ++j) {
-                    REAL t = F[col * R + j];
-                    F[col * R + j] = F[p * R + j];
-                    F[p * R + j] = t;
-                }
-            pmax = best > pmax ? best : pmax;
-            pmin = best < pmin ? best : pmin;
-            if (best == 0) continue;
-            REAL pinv = 1 / F[col * R + col];
-            for (int64_t i = col + 1; i < R; ++i) {
-                REAL f = F[i * R + col] * pinv;
-                F[i * R + col] = f;
-                if (f != 0)
-                    for (int64_t j = col + 1; j < R; ++j) F[i * R + j] -= f * F[col * R + j];
-            }
-        }
-        ok[b] = R == 0 || (pmin > 0 && pmin > (REAL)1e-10 * pmax);
-        if (!ok[b]) continue;
+        /* F'^T u = grad by LU with partial pivoting (F'^T overwritten) */
         for (int64_t i = 0; i < R; ++i) u[i] = grad[b * R + i];
-        for (int64_t i = 0; i < R; ++i) { REAL t = u[i]; u[i] = u[piv[i]]; u[piv[i]] = t; }
-        for (int64_t i = 0; i < R; ++i) for (int64_t j = 0; j < i; ++j) u[i] -= F[i * R + j] * u[j];
-        for (int64_t i = R - 1; i >= 0; --i) {
-            for (int64_t j = i + 1; j < R; ++j) u[i] -= F[i * R + j] * u[j];
-            u[i] /= F[i * R + i];
-        }
+        ok[b] = R == 0 || lu_solve_SUFFIX(R, F, u, piv, (REAL)1e-10);
+        if (!ok[b]) continue;
         /* v = -u; a = v on the rows that read w; a sliding block's tangent rows mln inv_t P v_t */
         for (int64_t i = 0; i < R; ++i) { ab[i] = wrow[i] ? -u[i] : 0; db[i] = 0; }
         for (int64_t k = 0; k < K; ++k) {
