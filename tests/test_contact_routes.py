@@ -174,3 +174,14 @@ def test_the_default_checkpoint_spacing_keeps_memory_flat(monkeypatch):
     warm = {T: kept[T, None] - (T // spacing[T, None] + 2) * (scene.nq + scene.nv) * 8 for T in (100, 400)}
     assert all(0 < w <= 4096 + 512 for w in warm.values()), warm  # the warm starts (one past the budget at most)
     assert kept[400, 1] > 4 * kept[400, None]
+
+
+@pytest.mark.parametrize("dt", [0.0, -1e-3, float("nan"), float("inf")])
+def test_a_scene_rollout_refuses_a_bad_time_step(dt):
+    from diffmech.errors import ShapeError
+
+    scene = Scene([diffmech.model.systems.sphere(0.05, 0.2, name="ball")])
+    q0 = scene.neutral_configuration().clone()
+    q0[2] = 0.05
+    with pytest.raises(ShapeError, match="dt must be a positive finite number"):
+        rollout(scene, q0, torch.zeros(scene.nv, dtype=F64), torch.zeros(3, scene.nv, dtype=F64), dt)
