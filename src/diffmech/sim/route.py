@@ -6,8 +6,9 @@ Routes (the strings ``contact_step(..., info=d)`` and ``rollout(..., stats=d)`` 
 * ``"native"``: the native implementation. For :func:`~diffmech.sim.rollout` with the checkpointed
   adjoint, every step and its reverse in C (:mod:`._ground_rollout`), policies and the robot's
   learnable parameters included (their cotangents from the kernels' reverse mode, pulled back through
-  autograd once per backward pass). For :func:`~diffmech.sim.contact_step`, the step's first stage
-  in one kernel and the contact problem in C, with a hand-written reverse pass.
+  autograd once per backward pass). For :func:`~diffmech.sim.contact_step`, one autograd node over the
+  same C calls (a replayed step: the step's first stage in one kernel and the contact problem in C,
+  with a hand-written reverse pass).
 * ``"torch: <why>"``: the torch implementation (the reference), and why the native one cannot run:
   ``"torch: cuda"``, ``"torch: float16"``, ``"torch: torch.func transform"``, ``"torch: 2 models in the
   scene"``, ``"torch: box shapes"``, ``"torch: kernels not built (...)"``, ``"torch: adjoint='autograd'"``,
