@@ -21,7 +21,6 @@ from scipy.optimize import root
 
 from diffmech.contact.pgs import pgs
 from diffmech.dynamics import kernels
-from diffmech.dynamics.kernel_store import available
 from diffmech.sim import prepare_ground_kernels, rollout, scenes
 
 F64 = torch.float64
@@ -33,8 +32,7 @@ T, DT = 200, 1e-3
 
 @pytest.fixture(scope="module")
 def laikago():
-    pytest.importorskip("pybullet_data")
-    return scenes.laikago(1)
+    return scenes.laikago(1)  # pybullet_data: a test dependency (the oracle scene), never skipped
 
 
 def _problems(scene, q0, v0, steps):
@@ -125,7 +123,6 @@ def test_the_solution_equals_an_independent_solve(laikago):
         np.testing.assert_allclose(sol.x, lam.reshape(-1).numpy(), rtol=0, atol=1e-12)
 
 
-@pytest.mark.skipif(not available(), reason="no C compiler")
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_native_solve_equals_the_torch_solve(laikago, monkeypatch, dtype):
     monkeypatch.setattr(pgs_native, "enabled", lambda: True)  # the suite runs with native kernels off
@@ -173,12 +170,10 @@ def _central(f, x, idx, h):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not available(), reason="no C compiler")
 def test_standing_quadruped_gradients_equal_central_differences():
     """The review's case: 200 steps standing, loss the chassis height at the end; d/d tau at steps 0, 50,
     100 and d/d every link mass, on the native route and the torch route, checkpointed and autograd
     adjoints, against central differences at two step sizes (which agree: the map is smooth there)."""
-    pytest.importorskip("pybullet_data")
     scene, q0, v0 = scenes.laikago(1)
     scene.tol = 1e-13  # the finite differences of the rollout at h = 1e-6 resolve ~1e-10 of the loss
     assert prepare_ground_kernels(scene, parameters=True)

@@ -10,16 +10,13 @@ import torch
 
 import diffmech
 from diffmech.dynamics import kernels
-from diffmech.dynamics.kernel_store import available
 from diffmech.errors import NativeRouteError
 from diffmech.sim import Scene, contact_step, prepare_ground_kernels, rollout
 from hopper_scene import make_scene, start_state
 
 F64 = torch.float64
-native = pytest.mark.skipif(not available(), reason="no C compiler")
 
 
-@native
 def test_routes_are_recorded_with_their_reason():
     scene = make_scene()
     assert prepare_ground_kernels(scene)
@@ -44,7 +41,6 @@ def test_routes_are_recorded_with_their_reason():
         assert info["route"] == "torch: 2 models in the scene"
 
 
-@native
 def test_require_mode_raises_where_the_torch_route_would_run():
     scene = make_scene()
     assert prepare_ground_kernels(scene)
@@ -75,7 +71,6 @@ def _policy_loop(scene, q, v, net, T, dt):
     return q, v, out
 
 
-@native
 def test_the_native_step_node_equals_the_torch_step_with_a_policy_and_learnable_parameters():
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(9 + 8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)).to(F64)
@@ -102,7 +97,6 @@ def test_the_native_step_node_equals_the_torch_step_with_a_policy_and_learnable_
         torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-12)
 
 
-@native
 def test_the_native_step_node_against_central_differences():
     """Feet resting on the ground (a fixed contact set, the map smooth): 25 steps of contact_step, the
     gradient w.r.t. a link mass, the friction and a torque against central differences at two step sizes."""

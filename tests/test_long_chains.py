@@ -20,8 +20,6 @@ import torch
 import diffmech
 from diffmech.dynamics import kernels
 from diffmech.dynamics._jacobian import jacobian_tables
-
-pin = pytest.importorskip("pinocchio")
 from oracle import PinOracle, rel_err  # noqa: E402
 
 N = 300

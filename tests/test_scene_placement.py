@@ -42,8 +42,7 @@ def _quat(gen: torch.Generator, dtype=F64) -> torch.Tensor:
 
 
 def _laikago(dtype=F64):
-    scenes = pytest.importorskip("diffmech.sim.scenes")
-    pytest.importorskip("pybullet_data")
+    from diffmech.sim import scenes
     return scenes.laikago(1, dtype=dtype)
 
 
@@ -179,7 +178,7 @@ def test_batch_shapes_shape_offsets_and_float32():
             want = _analytic_height("box", _rot(q[i, j, 3:].double()))
             assert float(placed[i, j, 2]) == pytest.approx(want, abs=1e-6)
     # the racecar: a chassis box and four cylinders turned by rpy on offset links, built standing
-    scenes = pytest.importorskip("diffmech.sim.scenes")
+    from diffmech.sim import scenes
     car, q0, _ = scenes.racecar()
     q = q0.clone()
     q[2] = 3.0
@@ -275,7 +274,6 @@ def test_restitution_and_solver_are_checked():
 def test_a_rollout_that_starts_inside_the_ground_warns_once():
     """The rollout checks its initial state once per scene: 0.2 m into the ground warns, naming the model and
     the toe; the same scene's later rollouts say nothing more."""
-    pytest.importorskip("pybullet_data")
     from diffmech.sim import rollout, scenes
 
     scene, q0, v0 = scenes.laikago(1)
