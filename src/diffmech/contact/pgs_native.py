@@ -68,7 +68,7 @@ def _library():
 
 def enabled() -> bool:
     """Whether the sweeps may run in C: native kernels not switched off (see the module's doc)."""
-    return kernels._MODE[0] != "never"
+    return kernels.native_allowed()
 
 
 class Solve(NamedTuple):

@@ -69,7 +69,7 @@ def _library():
 
 def available(x: Tensor) -> bool:
     """Whether the kernels can run on tensors like ``x``."""
-    return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and kernels._MODE[0] != "never"
+    return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and kernels.native_allowed()
             and _library() is not None)
 
 

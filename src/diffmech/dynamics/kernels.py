@@ -440,6 +440,12 @@ def set_native(mode: str) -> str:
     return old
 
 
+def native_allowed() -> bool:
+    """Whether native code may run at all (every mode but ``"never"``): the one reading of the mode for
+    the modules that hold C code of their own (the contact solve, the E2E-SyMo objective)."""
+    return _MODE[0] != "never"
+
+
 def building() -> bool:
     """Whether a missing kernel is built on first use (modes ``"build"`` and ``"require"``)."""
     return _MODE[0] in ("build", "require")

@@ -1100,7 +1100,7 @@ def _prepare(model, data, x0):
     """``(plan, params, q_prev, q, ft, x)`` where the C code applies to ``model`` and the samples ``data = (q_prev,
     q, u_prev, u, u_next)``, else ``None``."""
     net = model.net
-    if (kernels._MODE[0] == "never" or model.dissipation is not None or model.line_search or not model.fast_vjp
+    if (not kernels.native_allowed() or model.dissipation is not None or model.line_search or not model.fast_vjp
             or net.n > NMAX or torch._C._are_functorch_transforms_active()):
         return None
     params = net._params()

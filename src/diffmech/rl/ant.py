@@ -130,7 +130,7 @@ class Ant(DiffEnv):
             try:
                 kernels.prepare(robot, algorithms=("inverse_dynamics", "mass_matrix", "kinematics", "advance"),
                                 dtypes=(dtype,))
-                if kernels._MODE[0] != "never":  # the step's first stage in one kernel (see sim.prepare_ground_kernels)
+                if kernels.native_allowed():  # the step's first stage in one kernel (see sim.prepare_ground_kernels)
                     prepare_ground_kernels(self.scene, dtypes=(dtype,))
             except NativeUnavailable as err:  # no compiler, a failed build: the torch code does the same
                 warnings.warn(f"Ant: native kernels unavailable ({err}); the contact step runs as torch code",
