@@ -425,8 +425,11 @@ def contact_step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, inf
     """Advance ``(q (..., nq), v (..., nv))`` by ``dt`` under joint forces ``tau (..., nv)`` (the batch
     dims broadcast; one step of the scene's own rollout, where they are flattened to one).
 
-    ``info`` (a dict), when given, receives ``candidates`` (blocks solved), ``iterations``,
-    ``residual`` (the solver's last relative impulse change), ``penetration`` (deepest, m),
+    ``info`` (a dict), when given, receives ``route`` (the implementation that ran: ``"native"`` or
+    ``"torch: <why>"``, see :mod:`diffmech.sim.route`), ``candidates`` (blocks solved), ``iterations``
+    (sweeps), ``newton`` (Newton iterations after them), ``residual`` (the contact conditions' residual
+    relative to the impulses), ``violation`` (m/s, their largest velocity error), ``unconverged``
+    (environments whose solve stopped short; warned once per scene), ``penetration`` (deepest, m),
     ``fallbacks`` (with ``Scene(solver="smooth")``: environments whose relaxed problem had no root
     found, which took the hard problem's solution and its gradient instead; warned once per scene)
     and ``lam``, the impulses of each candidate by a key that names it across steps; passing that
