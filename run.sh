@@ -2,7 +2,7 @@
 # Set up .venv (on first use, or when pyproject.toml / constraints.txt changed) and run a task.
 #   ./run.sh demo [diffmech demo options]   e.g. ./run.sh demo --out results/demo
 #   ./run.sh test [pytest options]          the test suite (python -m pytest -q)
-#   ./run.sh setup                          only create / update .venv
+#   ./run.sh setup [EXTRA]                  only create / update .venv (default extra: test)
 # PYTHON selects the interpreter that creates the venv (default: python3, needs >= 3.10).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
@@ -14,29 +14,33 @@ STAMP="$VENV/.diffmech-install-stamp"
 # torch from a range would download a multi-GB CUDA build instead.
 TORCH_PIN="torch==2.13.0"
 
+# setup EXTRA: install the project with the named extra ("robots" for the demo, "test" for the suite).
+# The test extra holds everything the robots extra does, so a venv set up for the tests serves the demo.
 setup() {
+    local extra="$1"
     if [ ! -x "$PY" ]; then
         "${PYTHON:-python3}" -c 'import sys; assert sys.version_info >= (3, 10), "diffmech needs Python >= 3.10"'
         echo "run.sh: creating $VENV" >&2
         "${PYTHON:-python3}" -m venv "$VENV"
     fi
-    local key
+    local key have
     key="$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1) $TORCH_PIN"
-    if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$key" ]; then
+    have="$(cat "$STAMP" 2>/dev/null || true)"
+    if [ "$have" = "$key test" ] || [ "$have" = "$key $extra" ]; then
         return 0
     fi
-    echo "run.sh: installing dependencies into $VENV (first run takes a few minutes)" >&2
+    echo "run.sh: installing diffmech[$extra] into $VENV (first run takes a few minutes)" >&2
     "$PY" -m pip install --disable-pip-version-check -q "$TORCH_PIN"
-    "$PY" -m pip install --disable-pip-version-check -q -c constraints.txt -e ".[test]"
-    echo "$key" > "$STAMP"
+    "$PY" -m pip install --disable-pip-version-check -q -c constraints.txt -e ".[$extra]"
+    echo "$key $extra" > "$STAMP"
 }
 
 cmd="${1:-}"
 [ $# -gt 0 ] && shift
 case "$cmd" in
-    setup) setup ;;
-    demo) setup; exec "$PY" -m diffmech demo "$@" ;;
-    test) setup; exec "$PY" -m pytest -q "$@" ;;
+    setup) setup "${1:-test}" ;;
+    demo) setup robots; exec "$PY" -m diffmech demo "$@" ;;
+    test) setup test; exec "$PY" -m pytest -q "$@" ;;
     *)
         echo "usage: ./run.sh {demo|test|setup} [args...]" >&2
         exit 2

@@ -55,6 +55,23 @@ def _parser() -> argparse.ArgumentParser:
                       help="largest accepted relative round-trip error (default: %(default)s)")
     demo.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    kern = sub.add_parser("kernels", help="build native kernels of a robot or scene ahead of time, list stored ones",
+                          description="Native kernels are built on a first call (seconds to minutes) and stored in "
+                                      "$DIFFMECH_CACHE_DIR for every later process; `build` does it now.")
+    ks = kern.add_subparsers(dest="kernels_command", required=True)
+    kb = ks.add_parser("build", help="build the kernels of URDF files or ready-made scenes",
+                       description="Build and store the kernels a URDF's dynamics (and with --contact its contact "
+                                   "step on the ground) or a scene of diffmech.sim.scenes use.")
+    kb.add_argument("targets", nargs="+", metavar="URDF|SCENE",
+                    help="URDF files or scene names (laikago, ant, racecar, golf, panda_throw)")
+    kb.add_argument("--floating-base", action="store_true", help="a URDF's root joined to the world by a free joint")
+    kb.add_argument("--dtype", nargs="+", choices=("float64", "float32"), default=["float64"],
+                    help="dtypes to build for (default: float64)")
+    kb.add_argument("--parameters", action="store_true",
+                    help="also the gradients w.r.t. inertial parameters (identification, learnable masses)")
+    kb.add_argument("--contact", action="store_true", help="a URDF: also its contact step on the ground")
+    kl = ks.add_parser("list", help="the stored kernels: name, size, compile time")
+    kl.add_argument("--json", action="store_true", help="print JSON instead of a table")
     from .control.cli import add_eigenmode_parser
     from .learn.cli import add_parser as add_symo_parser
     from .rl.cli import add_parser as add_rl_parser
@@ -128,6 +145,31 @@ def _view(args) -> int:
     return 0
 
 
+def _kernels(args) -> int:
+    import json
+
+    from . import _log
+    from .prebuild import describe, prebuild, stored_kernels
+
+    if args.kernels_command == "list":
+        rows = stored_kernels()
+        print(json.dumps(rows, indent=1) if args.json else describe(rows))
+        return 0
+    _log.show()
+    for target in args.targets:
+        try:
+            rep = prebuild(target, floating_base=args.floating_base, dtypes=tuple(args.dtype),
+                           parameters=args.parameters, contact=args.contact)
+        except DiffmechError as exc:  # NativeUnavailable included
+            print(f"diffmech kernels build: error: {target}: {exc}", file=sys.stderr)
+            return 1
+        route = f", contact step route: {rep.route}" if rep.route else ""
+        print(f"{target}: {len(rep.built)} kernels built in {rep.seconds:.1f} s{route}")
+        for name in rep.built:
+            print(f"  {name}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``diffmech`` script; returns the process exit code."""
     args = _parser().parse_args(argv)
@@ -151,6 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .control.cli import run_eigenmode
 
         return run_eigenmode(args)
+    if args.command == "kernels":
+        return _kernels(args)
     if args.command == "demo":
         from .demo import available_robots, run_demo
 

@@ -56,7 +56,10 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from .. import _log
 from ..errors import DiffmechError
+
+log = _log.get("kernels")
 
 try:  # POSIX only; elsewhere no native kernels, but the package still imports
     import fcntl
@@ -396,8 +399,29 @@ def _build_dir(root: Path) -> Path:
     return path
 
 
+def _expected_seconds(root: Path, nbytes: int) -> float | None:
+    """The compile time of ``nbytes`` of C predicted from the kernels stored in ``root`` (the median
+    rate of the last 32 builds that recorded theirs), ``None`` before any has."""
+    rates = []
+    try:
+        sides = sorted(root.glob("*.json"), key=lambda p: p.stat().st_mtime)[-32:]
+    except OSError:
+        return None
+    for side in sides:
+        try:
+            rec = json.loads(side.read_text(encoding="utf-8"))
+            if rec.get("source_bytes") and rec.get("compile_seconds") is not None:
+                rates.append(rec["compile_seconds"] / rec["source_bytes"])
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+    if not rates:
+        return None
+    rates.sort()
+    return rates[len(rates) // 2] * nbytes
+
+
 def _compile_and_store(cmd: tuple[str, ...], source: str, meta: dict, key: str, digest: str, root: Path,
-                       label: str) -> None:
+                       label: str, traced: float = 0.0) -> None:
     """Compile ``source`` and move the library and its sidecar into place (each by an atomic rename)."""
     try:
         tmp = _build_dir(root)
@@ -407,6 +431,7 @@ def _compile_and_store(cmd: tuple[str, ...], source: str, meta: dict, key: str, 
         src, out = tmp / "kernel.c", tmp / "kernel.so"
         src.write_text(source, encoding="utf-8")
         res = None
+        start = time.perf_counter()
         for extra in (MVEC_FLAGS, []):
             try:
                 res = subprocess.run([*cmd, *FLAGS, *extra, str(src), "-o", str(out), "-lm"], capture_output=True,
@@ -423,7 +448,8 @@ def _compile_and_store(cmd: tuple[str, ...], source: str, meta: dict, key: str, 
         data = out.read_bytes()
         record = {"format": STORE_FORMAT, "digest": digest, "key": key, "name": label, "size": len(data),
                   "sha256": hashlib.sha256(data).hexdigest(), "compiler": list(cmd), "flags": FLAGS,
-                  "created": time.time(), "meta": meta}
+                  "created": time.time(), "meta": meta, "source_bytes": len(source),
+                  "compile_seconds": time.perf_counter() - start, "trace_seconds": traced}
         side = tmp / "kernel.json"
         fd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -439,6 +465,8 @@ def _compile_and_store(cmd: tuple[str, ...], source: str, meta: dict, key: str, 
 
 
 # ---------------------------------------------------------------- loading
+# A build still running after this many seconds is announced on the ``diffmech.kernels`` logger.
+ANNOUNCE_AFTER = 2.0
 _MEMO: dict[str, tuple[ctypes.CDLL, dict]] = {}
 # Path -> (st_dev, st_ino) of each library this process loaded: the dynamic loader hands back the
 # library loaded earlier under the same name even when the file has been replaced since.
@@ -516,22 +544,66 @@ def load_kernel(key: str, build: Callable[[], tuple[str, dict]] | None, *, name:
         if build is None:
             raise NotBuilt(f"{label}: not built yet")
         _remove_stale(root)
-        built = build()
-        if not (isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], str)
-                and isinstance(built[1], dict)):
-            raise TypeError(f"{label}: build() must return (C source, dict), not {type(built).__name__}")
-        source, meta = built
-        try:
-            meta = json.loads(json.dumps(meta))  # the same value as a later load reads from the sidecar
-        except (TypeError, ValueError) as err:
-            raise TypeError(f"{label}: build()'s metadata is not JSON-serialisable: {err}") from None
-        _compile_and_store(cmd, source, meta, key, digest, root, label)
-        record, ident, why = _verify(root, digest)
-        if record is None:
-            raise NativeUnavailable(f"{label}: {lib_path} changed after it was built ({why})")
-        try:
-            lib = _dlopen(lib_path, ident, symbols, root)
-        except (OSError, AttributeError) as err:
-            raise NativeUnavailable(f"{label}: {lib_path}, just built, does not load: {err}") from None
-        _MEMO[digest] = (lib, record["meta"])
-        return _MEMO[digest]
+        with _announced(label, root) as ann:
+            return _build_and_load(build, cmd, key, digest, root, label, symbols, ann)
+
+
+class _Announcer:
+    """Says once that a build is running: when it has run :data:`ANNOUNCE_AFTER` seconds, or earlier
+    when its compile alone is expected to take longer; then says when it ends."""
+
+    def __init__(self, label: str, root: Path):
+        self.label, self.root = label, root
+        self.start = time.perf_counter()
+        self._lock = threading.Lock()
+        self.said = False
+
+    def say(self, detail: str = "") -> None:
+        with self._lock:
+            if self.said:
+                return
+            self.said = True
+        _log.show()
+        log.info("building %s%s (once on this machine; later runs load it from %s)", self.label, detail, self.root)
+
+
+@contextlib.contextmanager
+def _announced(label: str, root: Path) -> Iterator[_Announcer]:
+    ann = _Announcer(label, root)
+    timer = threading.Timer(ANNOUNCE_AFTER, ann.say)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield ann
+    finally:
+        timer.cancel()
+        if ann.said:
+            log.info("%s built in %.1f s", label, time.perf_counter() - ann.start)
+
+
+def _build_and_load(build: Callable[[], tuple[str, dict]], cmd: tuple[str, ...], key: str, digest: str, root: Path,
+                    label: str, symbols: Sequence[str], ann: _Announcer) -> tuple[ctypes.CDLL, dict]:
+    """The build step of :func:`load_kernel` (called with the kernel's lock held)."""
+    lib_path = root / f"{digest}.so"
+    built = build()
+    if not (isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], str)
+            and isinstance(built[1], dict)):
+        raise TypeError(f"{label}: build() must return (C source, dict), not {type(built).__name__}")
+    source, meta = built
+    try:
+        meta = json.loads(json.dumps(meta))  # the same value as a later load reads from the sidecar
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"{label}: build()'s metadata is not JSON-serialisable: {err}") from None
+    expected = _expected_seconds(root, len(source))
+    if expected is not None and expected >= ANNOUNCE_AFTER:
+        ann.say(f": compiling {len(source) // 1024} kB of C, about {expected:.0f} s")
+    _compile_and_store(cmd, source, meta, key, digest, root, label, traced=time.perf_counter() - ann.start)
+    record, ident, why = _verify(root, digest)
+    if record is None:
+        raise NativeUnavailable(f"{label}: {lib_path} changed after it was built ({why})")
+    try:
+        lib = _dlopen(lib_path, ident, symbols, root)
+    except (OSError, AttributeError) as err:
+        raise NativeUnavailable(f"{label}: {lib_path}, just built, does not load: {err}") from None
+    _MEMO[digest] = (lib, record["meta"])
+    return _MEMO[digest]
