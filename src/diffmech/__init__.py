@@ -30,6 +30,7 @@ from .errors import (
 from .ik import inverse_kinematics
 from .model import JointSpec, KinematicTree, LinkSpec, RobotSpec, parse_urdf
 from .model import systems as systems
+from .model.mjcf import load_mjcf
 from .robot import RobotModel, load_urdf
 
 __version__ = "0.1.0"
@@ -52,7 +53,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "sim", "ik", "systems", "RobotModel", "KinematicTree",
-    "RobotSpec", "LinkSpec", "JointSpec", "load_urdf", "parse_urdf",
+    "RobotSpec", "LinkSpec", "JointSpec", "load_urdf", "load_mjcf", "parse_urdf",
     "forward_kinematics", "link_pose", "jacobian", "center_of_mass", "integrate",
     "rnea", "inverse_dynamics", "crba", "mass_matrix", "aba", "forward_dynamics", "bias_forces",
     "generalized_gravity", "kinetic_energy", "potential_energy", "inverse_kinematics",

@@ -185,6 +185,42 @@ class Scene(nn.Module):
         for key, value in (sizes or {}).items():
             self._set_size(key, value)
 
+    @classmethod
+    def from_mjcf(cls, path, *, dtype: torch.dtype = torch.float64, device=None, **kwargs) -> Scene:
+        """The scene of an MJCF file, compiled by MuJoCo's own compiler (:mod:`diffmech.model.mjcf`).
+
+        Each top-level body with degrees of freedom is one model, named after that body, or after
+        the file's ``<mujoco model>`` when there is one such body (a free joint makes it a floating
+        base; otherwise it hangs from its own massless world link). A
+        plane of the world body at ``z = 0`` facing ``+z`` that collides is the ground; the world's
+        other colliding geoms and bodies without joints are not obstacles (one warning names them).
+        Links collide through their sphere, capsule, cylinder and box geoms (others: one warning);
+        a link's friction is the largest sliding friction of its geoms and the ground's (MuJoCo
+        takes the larger of a pair). ``self_collision`` is on when the geoms' ``contype`` /
+        ``conaffinity`` let two bodies of one tree that are not parent and child touch. Joint
+        damping and armature become the scene's drives (damping implicit in the velocity, as MuJoCo's
+        ``Euler`` integrator treats it), springs stay in the models; joint limits are enforced.
+        Gravity is the file's; ``scene.timestep`` (s) is its ``<option timestep>`` for the caller's
+        ``dt``; the actuators are in each model's ``meta["mjcf"]["actuators"]``
+        (:func:`diffmech.model.mjcf.actuator_forces` maps MuJoCo's ``ctrl`` to joint forces).
+
+        For now the contacts are this scene's own solver (``"pgs"`` unless ``solver`` is given), not
+        MuJoCo's soft contact model (``solref``/``solimp``, soft limits), which a later version adds,
+        so trajectories agree with MuJoCo's only until the first contact.
+
+        Args:
+            path: the ``.xml`` file.
+            dtype, device: of the models' parameters.
+            **kwargs: any other :class:`Scene` argument, overriding what the file gives.
+
+        Raises:
+            ModelError: see :func:`diffmech.load_mjcf` (ball joints, equality constraints, acting
+                tendons, ...), naming the element.
+        """
+        from ..model.mjcf import scene_from_mjcf
+
+        return scene_from_mjcf(cls, path, dtype, device, kwargs)
+
     # ------------------------------------------------------------------ state
     @property
     def dtype(self) -> torch.dtype:
