@@ -125,12 +125,15 @@ def _stand(seconds, dt=2e-3):
 def test_laikago_settles_on_its_toes():
     scene, qs, vs, _ = _stand(0.4)
     assert scene.nq == 19 and scene.nv == 18
-    # settles within a few mm of the standing height, toes on (not in) the ground
-    assert abs(float(qs[-1, 2]) - 0.518) < 5e-3
+    # settles within a few mm of the standing height (measured: 2.3e-3 m lower after 0.4 s, still
+    # swaying by 0.5 mm), toes on (not in) the ground
+    assert abs(float(qs[-1, 2]) - 0.518) < 3e-3
     toes = [n for n in scene.models["laikago0"].link_names if n.startswith("toe")]
     T = scene.models["laikago0"].forward_kinematics(qs[-1])
     z = torch.stack([T[scene.models["laikago0"].link_names.index(n), 2, 3] for n in toes])
-    assert float(z.min()) > 0.03 - 1e-3 and float(z.max()) < 0.03 + 2e-3
+    # the toe spheres (radius 0.03) rest on the ground: measured 1.4e-10 m above it (the position
+    # correction closing the last gap while the body still sways)
+    assert float(z.min()) > 0.03 - 1e-9 and float(z.max()) < 0.03 + 1e-9
 
 
 @pytest.mark.slow

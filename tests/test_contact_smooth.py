@@ -117,8 +117,9 @@ def _drop(solver, steps=150):
 
 def test_ball_comes_to_rest():
     Q, V = _drop("smooth")
-    assert abs(float(Q[-1, 2]) - 0.1) < 1e-3
-    assert float(V[-1].norm()) < 1e-3
+    # the smoothed contact holds the ball 1.0e-7 m off the plane (measured; smoothing 1e-6)
+    assert abs(float(Q[-1, 2]) - 0.1) < 3e-7
+    assert float(V[-1].norm()) < 1e-12  # measured 2e-16 m/s
 
 
 @pytest.mark.parametrize("mu", [0.2, 0.6])
@@ -133,7 +134,11 @@ def test_sliding_box_stops_where_coulomb_says(mu):
     Q, _ = rollout(scene, q0, v0, torch.zeros(100, 6, **f64), dt)
     # v0^2 / (2 mu g), less the half step semi-implicit Euler loses: v_k = v0 - k mu g dt
     expected = 1.0 / (2 * mu * 9.81) - 0.5 * dt
-    assert abs(float(Q[-1, 0]) - expected) < 0.01 * expected
+    assert abs(float(Q[-1, 0]) - expected) < 2e-4 * expected  # measured 2.4e-5 (mu 0.2), 9.7e-5 (0.6)
+    # the discrete sum dt sum_k max(v0 - k mu g dt, 0): the smoothed friction (friction_smoothing
+    # 1e-4) lets the box slide 3.1e-6 m (mu 0.2), 4.7e-6 m (0.6) further (measured)
+    k = int(1.0 / (mu * 9.81 * dt))
+    assert 0 < float(Q[-1, 0]) - dt * (k - mu * 9.81 * dt * k * (k + 1) / 2) < 1e-5
 
 
 def test_rollout_gradient_matches_finite_differences():

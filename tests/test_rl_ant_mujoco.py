@@ -73,11 +73,13 @@ def test_zero_action_falls_alike_then_differs_by_the_soft_contacts():
     r = zero_action_agreement(0.5)
     # free fall: the same semi-implicit Euler steps, equal to round-off until a foot touches (after 0.25 s)
     assert r["max_abs_dq_before_contact"] < 1e-12
-    assert r["first_contact_s"] == pytest.approx(0.25, abs=0.011)
-    # then MuJoCo's soft contacts let the feet sink and slide (a few mm to cm), diffmech's hard ones do not
-    assert r["final_z_diffmech"] == pytest.approx(r["rest_z_expected"], abs=1e-3)
-    assert 1e-3 < r["final_z_diffmech"] - r["final_z_mujoco"] < 0.03
-    assert r["max_abs_dz"] < 0.03
+    assert r["first_contact_s"] == pytest.approx(0.25, abs=1e-9)  # the same step in both (measured)
+    # then MuJoCo's soft contacts let the feet sink and slide, diffmech's hard ones do not: diffmech
+    # rests at the expected height to rounding (measured 2e-15 m), MuJoCo's torso 14.5 mm lower
+    # (measured, mujoco 3; the largest difference along the way is that final one)
+    assert r["final_z_diffmech"] == pytest.approx(r["rest_z_expected"], abs=1e-12)
+    assert 0.012 < r["final_z_diffmech"] - r["final_z_mujoco"] < 0.018
+    assert r["max_abs_dz"] < 0.018
 
 
 def test_transplant_a_trained_run(tmp_path):

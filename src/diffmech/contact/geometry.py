@@ -179,10 +179,71 @@ def sphere_box(pa: Tensor, ra: float, R: Tensor, p: Tensor, size) -> Candidates:
     return Candidates(phi, point, n)
 
 
+def _segment_box_argmin(a: Tensor, b: Tensor, R: Tensor, p: Tensor, size) -> Tensor:
+    """The parameter ``t (B,)`` in [0, 1] of the point of segment ``[a, b]`` with the least signed
+    distance to the box (exactly, up to rounding). Along the segment the box's signed distance is
+    convex and piecewise simple: outside the box its square is a quadratic between the points where
+    the segment crosses a face plane ``loc_i = +-h_i``, inside it is ``max_i |loc_i| - h_i``, linear
+    between the points where two of those terms are equal or a ``loc_i`` is zero. The minimum is at
+    one of those points, at an end, or at the vertex of one of the quadratics: all are evaluated and
+    the least kept. Each candidate ``t`` is a differentiable closed form of the poses (the discrete
+    choices -- signs, which axes are outside -- are made without the graph), as ``t`` of
+    :func:`_closest_on_segment` is."""
+    h = _vec(size, a) * 0.5
+    la = ((a - p)[:, None] @ R)[:, 0]  # box coordinates (B, 3)
+    lb = ((b - p)[:, None] @ R)[:, 0]
+    d = lb - la
+
+    def solve(num: Tensor, den: Tensor) -> Tensor:  # num / den where den is not ~0 (no inf/nan gradients)
+        ok = den.abs() > 1e-12
+        return torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(num)).clamp(0, 1)
+
+    ones = torch.ones_like(d[:, :1])
+    ts = [ones * 0.0, ones]
+    cross = torch.cat([solve(h - la, d), solve(-h - la, d)], 1)  # face planes, (B, 6)
+    ts += [cross, solve(-la, d)]  # and the centre planes loc_i = 0 (kinks of |loc_i|)
+    for i, j in ((0, 1), (0, 2), (1, 2)):  # s_i loc_i - h_i = s_j loc_j - h_j
+        for si in (1.0, -1.0):
+            for sj in (1.0, -1.0):
+                num = h[..., i] - h[..., j] - si * la[:, i] + sj * la[:, j]
+                ts.append(solve(num, si * d[:, i] - sj * d[:, j])[:, None])
+    # outside: between consecutive face-plane crossings the squared distance is
+    # sum over the axes outside the slab of (loc_i - s_i h_i)^2, least at -sum a_i d_i / sum d_i^2
+    brk = torch.sort(torch.cat([ts[0], ts[1], cross], 1), dim=1).values  # (B, 8)
+    lo, hi = brk[:, :-1], brk[:, 1:]
+    with torch.no_grad():
+        mid = la[:, None] + (0.5 * (lo + hi))[..., None] * d[:, None]  # (B, 7, 3)
+        out = (mid.abs() > h).to(a.dtype)
+        sgn = torch.where(mid < 0, -1.0, 1.0).to(a.dtype)
+    off = la[:, None] - sgn * h
+    num = -(out * off * d[:, None]).sum(-1)
+    den = (out * d[:, None] ** 2).sum(-1)
+    ok = den > 1e-24
+    vertex = torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), lo)
+    ts.append(torch.minimum(torch.maximum(vertex, lo), hi))
+    # the axis point nearest the box centre: the one kept where several are nearest (a capsule lying
+    # flat on a face), so that it does not coincide with an end candidate (duplicated contact rows
+    # make the contact problem singular); the distance it gives is then within rounding (64 eps
+    # times the box's size) of the least
+    centre = solve(-(la * d).sum(-1, keepdim=True), (d * d).sum(-1, keepdim=True))
+    t = torch.cat([centre] + ts, 1)  # (B, 31)
+    with torch.no_grad():
+        x = a[:, None] + t[..., None] * (b - a)[:, None]
+        phi = point_box(x, R, p, size)[0]
+        near = phi <= phi.min(1, keepdim=True).values + 64 * torch.finfo(phi.dtype).eps * (1.0 + h.max())
+        best = torch.where(near, (t - centre).abs(), torch.full_like(t, 2.0)).argmin(1)
+    return t.gather(1, best[:, None])[:, 0]
+
+
 def capsule_box(Ra: Tensor, pa: Tensor, sa, R: Tensor, p: Tensor, size) -> Candidates:
-    """The capsule's two end spheres and its axis point nearest the box centre, against the box."""
+    """The capsule's two end spheres and its axis point nearest the box (least signed distance),
+    against the box."""
     a, b = _segment(Ra, pa, sa[1])
-    c = torch.stack([a, b, _closest_on_segment(p, a, b)], 1)
+    # Fix (issue 34): the third candidate was the axis point nearest the box *centre*, which is not
+    # the axis point nearest the box's surface: a capsule across a box's edge or corner went up to
+    # 6 cm (capsule 0.05 x 0.3) into the box with no candidate seeing it (tests/test_geometry_coal.py).
+    t = _segment_box_argmin(a, b, R, p, size)
+    c = torch.stack([a, b, a + t[:, None] * (b - a)], 1)
     phi, n = point_box(c, R, p, size)
     phi = phi - sa[0]
     return Candidates(phi, c - (sa[0] + 0.5 * phi)[..., None] * n, n)

@@ -1,4 +1,4 @@
-"""``diffmech eigenmode learn | stabilize | report``: the command-line group of :mod:`diffmech.control`.
+"""``diffmech eigenmode learn | sweep | stabilize | report``: the command-line group of :mod:`diffmech.control`.
 
 Only argparse is imported at module level, so registering the group costs nothing; the work is
 done by :mod:`diffmech.control.experiment`.
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+
+from ..sweeps import add_sweep_options
 
 __all__ = ["add_eigenmode_parser", "run_eigenmode"]
 
@@ -30,35 +32,18 @@ def add_eigenmode_parser(sub) -> argparse.ArgumentParser:
                             description="Train V_theta, re-integrate the closed loop with solve_ivp "
                                         "(rtol = atol = 1e-10) and write DIR/metrics.json, history.csv, "
                                         "trajectory.csv, checkpoint.pt and figures.")
-    learn.add_argument("--config", default="main", choices=_CONFIG_NAMES,
-                       help="base configuration (default: %(default)s)")
-    learn.add_argument("--q0", type=float, nargs="+", metavar="A", help="initial configuration (rad)")
-    learn.add_argument("--target-angles", type=float, nargs="+", metavar="A",
-                       help="target configuration whose end-effector position is the target (rad)")
-    per = learn.add_mutually_exclusive_group()
-    per.add_argument("--period", type=float, metavar="T", help="fixed period (s)")
-    per.add_argument("--learn-period", action="store_true", help="learn the period jointly (appendix D)")
-    learn.add_argument("--effort", type=float, metavar="C", help="control-effort coefficient c")
-    learn.add_argument("--epochs", type=int, metavar="E", help="number of epochs")
-    learn.add_argument("--steps-per-epoch", type=int, help="optimiser steps per epoch (2022 code: 7, 2023: 1)")
-    learn.add_argument("--lr", type=float, help="Adam learning rate")
-    learn.add_argument("--method", choices=("midpoint", "rk4", "implicit_midpoint", "euler"),
-                       help="fixed-step scheme of the training trajectory")
-    learn.add_argument("--adjoint", choices=("discrete", "autograd"), help="gradient through the solver")
-    learn.add_argument("--dtype", choices=("float32", "float64"), help="training dtype")
-    learn.add_argument("--device", help="torch device of the training (default cpu; e.g. cuda)")
-    learn.add_argument("--seed", type=int, help="random seed")
-    learn.add_argument("--effort-descent", action="store_true",
-                       help="after the Gauss-Newton polish, lower the effort within the mode's conditions "
-                            "(configs with the polish only)")
-    learn.add_argument("--stop-ee", type=float, metavar="M",
-                       help="stop once the fixed-step end-effector error at T/2 is below M metres")
+    _learn_options(learn)
+    learn.add_argument("--seed", type=int, help="random seed (default: the configuration's)")
     learn.add_argument("--out", required=True, metavar="DIR", help="output folder")
-    learn.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt")
-    learn.add_argument("--threads", type=int, default=1,
-                       help="torch threads (default: %(default)s; the problem is too small for more)")
-    learn.add_argument("--no-plots", action="store_true", help="skip figures and animations")
     learn.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    sweep = esub.add_parser("sweep", help="'eigenmode learn' over several seeds, locally or on Ray (resumable)",
+                            description="Runs 'eigenmode learn' once per seed into OUT/seed<k> (a run whose "
+                                        "metrics.json exists is not re-run), on a local process pool or a Ray "
+                                        "cluster; writes OUT/summary.json (each run's metrics and their mean, std, "
+                                        "min and max over the seeds) and OUT/summary.png, and prints the table.")
+    _learn_options(sweep)
+    add_sweep_options(sweep)
 
     stab = esub.add_parser("stabilize", help="stabilise the learned mode, simulate, compute cycle multipliers",
                            description="Simulate the stabilising controller from a perturbed start (and a grid "
@@ -87,6 +72,62 @@ def add_eigenmode_parser(sub) -> argparse.ArgumentParser:
     return eig
 
 
+def _learn_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default="main", choices=_CONFIG_NAMES,
+                   help="base configuration (default: %(default)s)")
+    p.add_argument("--q0", type=float, nargs="+", metavar="A", help="initial configuration (rad)")
+    p.add_argument("--target-angles", type=float, nargs="+", metavar="A",
+                   help="target configuration whose end-effector position is the target (rad)")
+    per = p.add_mutually_exclusive_group()
+    per.add_argument("--period", type=float, metavar="T", help="fixed period (s)")
+    per.add_argument("--learn-period", action="store_true", help="learn the period jointly (appendix D)")
+    p.add_argument("--effort", type=float, metavar="C", help="control-effort coefficient c")
+    p.add_argument("--epochs", type=int, metavar="E", help="number of epochs")
+    p.add_argument("--steps-per-epoch", type=int, help="optimiser steps per epoch (2022 code: 7, 2023: 1)")
+    p.add_argument("--lr", type=float, help="Adam learning rate")
+    p.add_argument("--method", choices=("midpoint", "rk4", "implicit_midpoint", "euler"),
+                   help="fixed-step scheme of the training trajectory")
+    p.add_argument("--adjoint", choices=("discrete", "autograd"), help="gradient through the solver")
+    p.add_argument("--dtype", choices=("float32", "float64"), help="training dtype")
+    p.add_argument("--device", help="torch device of the training (default cpu; e.g. cuda)")
+    p.add_argument("--effort-descent", action="store_true",
+                   help="after the Gauss-Newton polish, lower the effort within the mode's conditions "
+                        "(configs with the polish only)")
+    p.add_argument("--stop-ee", type=float, metavar="M",
+                   help="stop once the fixed-step end-effector error at T/2 is below M metres")
+    p.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default: %(default)s; the problem is too small for more)")
+    p.add_argument("--no-plots", action="store_true", help="skip figures and animations")
+
+
+# the metrics of the sweep's table and plot (summary.json has them all)
+SWEEP_METRICS = ("ee_error_half_period", "periodicity_error", "p_half_norm", "effort", "period", "wall_s")
+_SWEEP_ONLY = ("seeds", "workers", "backend", "address", "out", "command", "eigen_command")
+
+
+def _sweep_job(folder: str, *, progress=None, **options) -> dict:
+    """One run of ``diffmech eigenmode sweep`` (called by name in the sweep's workers)."""
+    from . import experiment
+
+    show = sys.stderr.isatty() if progress is None else progress
+    return experiment.learn(argparse.Namespace(**options, out=folder, no_progress=not show))
+
+
+def _sweep(args: argparse.Namespace) -> None:
+    from ..sweeps import check_out, cli_logging, seed_sweep
+    from .configs import get_config
+    from .experiment import config_overrides
+
+    check_out(args.out)
+    options = {k: v for k, v in vars(args).items() if k not in _SWEEP_ONLY}
+    get_config(args.config, **config_overrides(argparse.Namespace(**options, seed=None)))  # bad options fail here
+    cli_logging()
+    seed_sweep("eigenmode learn", "diffmech.control.cli:_sweep_job", options, args.seeds, args.out,
+               workers=args.workers, backend=args.backend, address=args.address, threads=args.threads,
+               headline=SWEEP_METRICS, curve=("history.csv", "step", "total"))
+
+
 def run_eigenmode(args: argparse.Namespace) -> int:
     """Run the parsed ``eigenmode`` subcommand; returns the exit code."""
     import torch
@@ -97,7 +138,9 @@ def run_eigenmode(args: argparse.Namespace) -> int:
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     try:
-        if args.eigen_command == "learn":
+        if args.eigen_command == "sweep":
+            _sweep(args)
+        elif args.eigen_command == "learn":
             metrics = experiment.learn(args)
             print(experiment.format_metrics(metrics))
         elif args.eigen_command == "stabilize":

@@ -13,7 +13,7 @@ import torch
 
 from .._warnings import warn
 from ..errors import ConvergenceError, DiffmechError
-from .configs import get_config
+from .configs import get_config, smoke_test_note
 from .eigenmodes import EigenmodeTrainer, half_index
 from .floquet import limit_cycle, monodromy_autodiff, monodromy_fd, multipliers, orbit_point, ratio_multipliers
 from .stabilize import ModeStabilizer, Orbit, TrackingController, signals, simulate, simulate_ivp
@@ -93,8 +93,10 @@ def finish_learn(trainer: EigenmodeTrainer, out: str, *, plots: bool = True, sta
         X = flow.X
         ee_d = float((trainer.system.end_effector(X[ih, :n]) - trainer.target).norm())
     stats = trainer.cache.stats
+    note = smoke_test_note(cfg)
     metrics = {
         "config": cfg.name,
+        **({"smoke_test": True, "note": note} if note else {"smoke_test": False}),
         "ee_error_half_period": m["ee_error_half_period"],
         "periodicity_error": m["periodicity_error"],
         "p_half_norm": m["p_half_norm"],
@@ -329,8 +331,9 @@ def stabilize(args: argparse.Namespace) -> dict:
                           os.path.join(out, f"efficiency{tag}.png"), "cumulative |power| (J)")
         P.animate(system, r0["q"], os.path.join(out, f"stabilize{tag}.gif"), t=ts, orbit_q=orbit.x[:, :n].numpy(),
                   target=trainer.target.double().numpy(), frames=90, title="stabilisation from a perturbed start")
-    return {"config": cfg.name, **{k: result[k] for k in ("gains", "damping", "max_multiplier", "multipliers",
-                                                            "wall_s")},
+    note = smoke_test_note(cfg)
+    return {"config": cfg.name, **({"note": note} if note else {}),
+            **{k: result[k] for k in ("gains", "damping", "max_multiplier", "multipliers", "wall_s")},
             "runs": summaries, "monodromy_difference": floquet["monodromy_max_abs_difference"],
             "grid_converged": f"{grid['converged']}/{len(starts)}"}
 
@@ -348,8 +351,10 @@ def format_metrics(m: dict, *, stabilize: bool = False) -> str:
                          f"d_q {s['dist_q_start']:.3g} -> {s['dist_q_end']:.3g}, "
                          f"d_p {s['dist_p_start']:.3g} -> {s['dist_p_end']:.3g}")
         lines.append(f"  wall {m['wall_s']:.1f} s")
-        return "\n".join(lines)
-    return (f"config {m['config']}: T = {m['period']:.4g} s, end-effector error at T/2 "
+        return "\n".join(([m["note"]] if m.get("note") else []) + lines)
+    # first, so that a smoke test's numbers are never read without the warning
+    head = f"{m['note']}\n" if m.get("note") else ""
+    return head + (f"config {m['config']}: T = {m['period']:.4g} s, end-effector error at T/2 "
             f"{1e3 * m['ee_error_half_period']:.2f} mm "
             f"(fixed-step {1e3 * m['fixed_step']['ee_error_half_period']:.2f} mm), "
             f"periodicity error {m['periodicity_error']:.3g}, |p(T/2)| {m['p_half_norm']:.3g}, "
@@ -371,6 +376,7 @@ def report(out: str) -> str:
         m = json.load(f)
     ha = m.get("high_accuracy", {})
     lines = [f"# Eigenmode run `{out}` (config {m['config']})", "",
+             *([f"**{m['note']}.**", ""] if m.get("note") else []),
              "| quantity | value |", "| --- | --- |",
              f"| period T (s) | {m['period']:.4g}{' (learned)' if m.get('learn_period') else ''} |",
              f"| end-effector error at T/2, high-accuracy (mm) | {1e3 * m['ee_error_half_period']:.3f} |",

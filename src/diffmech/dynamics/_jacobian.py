@@ -22,7 +22,6 @@ Kinematic quantities are body-major ``(nb, B, ...)``, the Jacobian batch-first.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -33,6 +32,7 @@ from ..model.parameters import ModelTensors
 from ..model.tree import KinematicTree
 from ._common import TreeState, local_constants, per_model, quat_to_matrix_bl
 from ._local import external_forces
+from .threads import one_thread  # noqa: F401  (re-exported: the algorithms import it from here)
 
 
 @dataclass(frozen=True)
@@ -77,34 +77,10 @@ def use_jacobians(q: Tensor) -> bool:
     return B <= JACOBIAN_MAX_BATCH and B * q.shape[-1] ** 2 <= JACOBIAN_MAX_WORK and not torch.compiler.is_compiling()
 
 
-_ONE_THREAD_LOCK = threading.Lock()
-_ONE_THREAD = [0, 1]  # calls inside, the thread count to give back when the last one leaves
-
-
-class one_thread:
-    """Context: torch on the calling thread only. MKL splits even a ``7 x 42 x 7`` product over its
-    threads, which then wait for a descheduled worker whenever other processes keep the cores busy:
-    measured on 2 shared cores, forward dynamics at batch 1 spent 1.6 of 2 ms in such waits. The
-    formulation's products are small enough that one thread is also faster when the machine is idle.
-
-    The thread count is process-wide: calls from several Python threads at once share one setting,
-    set by the first to enter and given back by the last to leave."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> None:
-        with _ONE_THREAD_LOCK:
-            if _ONE_THREAD[0] == 0:
-                _ONE_THREAD[1] = torch.get_num_threads()
-                if _ONE_THREAD[1] != 1:
-                    torch.set_num_threads(1)
-            _ONE_THREAD[0] += 1
-
-    def __exit__(self, *exc) -> None:
-        with _ONE_THREAD_LOCK:
-            _ONE_THREAD[0] -= 1
-            if _ONE_THREAD[0] == 0 and _ONE_THREAD[1] != 1:
-                torch.set_num_threads(_ONE_THREAD[1])
+# MKL splits even a 7 x 42 x 7 product over its threads, which then wait for a descheduled worker
+# whenever other processes keep the cores busy (measured on 2 shared cores: forward dynamics at batch 1
+# spent 1.6 of 2 ms in such waits); the formulation's products are small enough that one thread is also
+# faster on an idle machine. The setting itself lives in diffmech.dynamics.threads.
 
 
 def jacobian_tables(tree: KinematicTree, dtype: torch.dtype, device: torch.device) -> JacobianTables:

@@ -29,6 +29,7 @@ from torch import Tensor
 from ..errors import OptionError
 from ..model.parameters import ModelTensors, RobotParameters
 from ..model.tree import KinematicTree
+from . import threads
 from ._common import (
     RigidInertia,
     TreeState,
@@ -609,6 +610,7 @@ def forward_dynamics_flat(
     return _solve_crba(tree, mt, q, v, tau, f_ext, passive)[0]
 
 
+@threads.decided
 def forward_dynamics(
     robot: RobotParameters,
     q: Tensor,

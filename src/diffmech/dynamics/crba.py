@@ -14,6 +14,7 @@ from torch import Tensor
 
 from ..model.parameters import ModelTensors, RobotParameters
 from ..model.tree import KinematicTree
+from . import threads
 from ._common import (
     LocalTables,
     RigidInertia,
@@ -115,6 +116,7 @@ def symmetric(tree: KinematicTree, lt: LocalTables, vals: Tensor) -> Tensor:
     return M.transpose(0, 1).reshape(-1, nv, nv)
 
 
+@threads.decided
 def crba(robot: RobotParameters, q: Tensor) -> Tensor:
     """Mass matrix ``M(q)``; the same function as :meth:`diffmech.RobotModel.mass_matrix`.
 

@@ -9,6 +9,7 @@ from .. import spatial
 from ..errors import OptionError, ShapeError
 from ..model.parameters import RobotParameters
 from ..model.tree import KinematicTree
+from . import threads
 from ._common import TreeState, as_state, bind, generalized_force, joint_q, masks, tree_state
 from .free_flyer import free_flyer_integrate
 from .kernels import default_native
@@ -37,6 +38,7 @@ def link_placements(tree: KinematicTree, ts: TreeState) -> tuple[Tensor, Tensor]
     return R, p
 
 
+@threads.decided
 def forward_kinematics(robot: RobotParameters, q: Tensor, *, form: str = "matrix"):
     """World poses of all links.
 
@@ -64,6 +66,7 @@ def forward_kinematics(robot: RobotParameters, q: Tensor, *, form: str = "matrix
     return _as_form(R.reshape(*batch, robot.n_links, 3, 3), p.reshape(*batch, robot.n_links, 3), form)
 
 
+@threads.decided
 def link_pose(robot: RobotParameters, q: Tensor, link: str | int, *, form: str = "matrix"):
     """World pose of one link.
 
@@ -109,6 +112,7 @@ def _one_link(tree: KinematicTree, ts: TreeState, li: int) -> tuple[Tensor, Tens
     return R_b @ Rl, p_b + (R_b @ pl[..., None])[..., 0]
 
 
+@threads.decided
 def jacobian(
     robot: RobotParameters,
     q: Tensor,
@@ -161,6 +165,7 @@ def jacobian(
     return generalized_force(tree, J.transpose(-1, -2)).reshape(*batch, 6, robot.nv)
 
 
+@threads.decided
 def poses_and_world_jacobians(robot: RobotParameters, q: Tensor, links) -> tuple[Tensor, Tensor]:
     """World poses of all links and ``frame="world"`` Jacobians of some, from one kinematics pass.
 
@@ -216,6 +221,7 @@ def kinematics_flat(tree: KinematicTree, mt, qf: Tensor) -> Tensor:
     return torch.cat([T.flatten(1), S.flatten(1)], 1)
 
 
+@threads.decided
 def center_of_mass(robot: RobotParameters, q: Tensor) -> Tensor:
     """Centre of mass of all links (world-fixed ones included) in the world, ``(..., 3)`` m."""
     flat, batch = as_state(robot, [("q", q, robot.nq)])

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from ..model.parameters import ModelTensors, RobotParameters
 from ..model.tree import KinematicTree
+from . import threads
 from ._common import (
     RigidInertia,
     TreeState,
@@ -101,6 +102,7 @@ def rnea_bl(
     return tau
 
 
+@threads.decided
 def rnea(
     robot: RobotParameters,
     q: Tensor,
@@ -143,6 +145,7 @@ def rnea(
 inverse_dynamics = rnea
 
 
+@threads.decided
 def bias_forces(robot: RobotParameters, q: Tensor, v: Tensor, *, passive: bool = True) -> Tensor:
     """``h(q, v) = C(q, v) v + g(q) (- tau_passive)``, ``(..., nv)``: RNEA with zero acceleration."""
     flat, batch = as_state(robot, [("q", q, robot.nq), ("v", v, robot.nv)])
@@ -156,6 +159,7 @@ def bias_forces(robot: RobotParameters, q: Tensor, v: Tensor, *, passive: bool =
     return generalized_force(tree, h).reshape(*batch, robot.nv)
 
 
+@threads.decided
 def generalized_gravity(robot: RobotParameters, q: Tensor) -> Tensor:
     """Gravity torques ``g(q) (..., nv)``: RNEA at rest, without springs or damping."""
     flat, batch = as_state(robot, [("q", q, robot.nq)])

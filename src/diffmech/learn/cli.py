@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from ..errors import DiffmechError
+from ..sweeps import add_sweep_options
 
 MODEL_CHOICES = ("node-rk4", "node-midpoint", "lnode-rk4", "lnode-midpoint", "symo", "e2e-symo")
 SYSTEM_CHOICES = ("pendulum", "cartpole", "damped_pendulum", "damped_cartpole", "double_pendulum", "arm3")
@@ -76,9 +77,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     _run_options(sw, single=False)
     sw.add_argument("--models", default=",".join(MODEL_CHOICES), help="comma-separated models (default: all six)")
     sw.add_argument("--n-ics", default="8,16,32,64,128", help="comma-separated N (default: %(default)s)")
-    sw.add_argument("--workers", type=int, default=None, help="parallel runs (default: CPU count)")
-    sw.add_argument("--backend", default="local", choices=("local", "ray"),
-                    help="local process pool or a Ray cluster (pip install 'diffmech[ray]')")
+    add_sweep_options(sw, seeds=None, out=False)
     sw.add_argument("--nice", type=int, default=0, help="niceness added to the worker processes")
     sw.add_argument("--figures", action="store_true", help="also write the figures into OUT")
     fg = ss.add_parser("figures", help="figures of a sweep folder (metrics vs N with the paper's values, "
@@ -146,12 +145,18 @@ def main(args: argparse.Namespace) -> int:
             (out / "metrics.json").write_text(json.dumps(m, indent=2) + "\n")
             _print_metrics(m)
         elif cmd == "sweep":
+            from ..sweeps import check_out, cli_logging
             from .sweep import sweep
 
+            check_out(args.out)
             models = [x.strip() for x in args.models.split(",") if x.strip()]
-            n_ics = [int(x) for x in args.n_ics.split(",") if x.strip()]
+            try:
+                n_ics = [int(x) for x in args.n_ics.split(",") if x.strip()]
+            except ValueError:
+                raise DiffmechError(f"--n-ics expects comma-separated integers, got {args.n_ics!r}") from None
+            cli_logging()
             rows = sweep(_config(args), args.out, models=models, n_ics=n_ics, workers=args.workers,
-                         backend=args.backend, threads=args.threads, nice=args.nice)
+                         backend=args.backend, address=args.address, threads=args.threads, nice=args.nice)
             print(f"{len(rows)} runs in {args.out}/summary.csv")
             if args.figures:
                 from .figures import make_figures

@@ -23,6 +23,11 @@ the model's own velocity at the node (``energy_loss_consistent``: for SyMo the d
 transform ``H(q_k)^{-1} D2 L_d(q_{k-1}, q_k)``), the same against the true trajectory's energy at
 each step instead of the initial one (``energy_tracking``, meaningful for damped systems), and the
 inertia error with both matrices at the predicted positions (``inertia_loss_predicted``).
+
+Not to be confused with the training objective (``train_objective``/``test_objective`` of
+``history.csv``, ``final_test_objective`` of ``metrics.json``): what the optimiser and the
+learning-rate scheduler see, for SyMo a residual rather than an error. :func:`metric_definitions`
+states each in one line; ``metrics.json`` carries them as its ``definitions`` entry.
 """
 
 from __future__ import annotations
@@ -36,8 +41,8 @@ from .data import StepSamples, Trajectories
 from .models import LearnedDynamics, Prediction, Rollout
 from .systems import System
 
-__all__ = ["paper_loss_columns", "paper_integration_columns", "one_step_losses", "rollout_metrics",
-           "rollout_integration_set", "trajectory_mse", "energy_mse", "inertia_mse"]
+__all__ = ["metric_definitions", "paper_loss_columns", "paper_integration_columns", "one_step_losses",
+           "rollout_metrics", "rollout_integration_set", "trajectory_mse", "energy_mse", "inertia_mse"]
 
 
 def paper_loss_columns(model_name: str, n: int, split: str) -> int:
@@ -80,6 +85,38 @@ def one_step_losses(model: LearnedDynamics, model_name: str, b: StepSamples, spl
         "positions": float((pred.q - b.q_next).double().square().mean()),
         "failures": int((~pred.converged).sum()),
         "iterations": pred.iterations,
+    }
+
+
+_OBJECTIVES = {
+    "symo": "the mean squared residual of the discrete Euler-Lagrange equations at the observed positions "
+            "(no Newton solve; not a position error, so not comparable with test_loss)",
+    "e2e-symo": "the one-step position MSE (rad^2 or m^2) with Newton warm-started from the previous "
+                "epoch's roots, in training over the converged samples only (test_loss solves from the "
+                "seed's guess 2 q - q_prev instead)",
+}
+
+
+def metric_definitions(model_name: str) -> dict[str, str]:
+    """One line per quantity of ``history.csv`` and ``metrics.json`` that a reader might confuse:
+    what the scheduler watched (``*_objective``) against the paper's errors (``*_loss``).
+
+    Written as the ``definitions`` entry of ``metrics.json``, so that a run folder explains itself.
+    """
+    obj = _OBJECTIVES.get(model_name, "the model's training loss: one-step MSE of the training integrator's "
+                                      "prediction of (q, v)")
+    return {
+        "train_objective": f"history.csv, per epoch, mean over minibatches of the training objective: {obj}",
+        "test_objective": "history.csv, per epoch: the same objective on the test set, which "
+                          "ReduceLROnPlateau watches; final_test_objective is the last epoch's",
+        "train_loss": "the paper's one-step MSE of the predicted next observation over the seed's columns "
+                      "(paper_loss_columns) on the training samples, at the last epoch",
+        "test_loss": "the paper's one-step MSE on the test samples after training, Newton (SyMo models) from "
+                     "the seed's guess; a sample whose solve did not converge keeps its last iterate, so one "
+                     "failure (eval_newton_failures) can dominate it",
+        "eval_newton_failures": "non-converged Newton solves while computing train_loss and test_loss",
+        "integration_loss": "mean over the integration trajectories of the time-mean squared error of "
+                            "unforced rollouts (paper_integration_columns)",
     }
 
 

@@ -3,17 +3,15 @@
 Each run lives in ``OUT/<model>/N<n_ics>/`` (see :func:`diffmech.learn.train.run`); a run whose
 ``metrics.json`` exists is skipped, an interrupted one continues from its checkpoint. Runs are
 spread over a local process pool by default (one thread each), or over a Ray cluster
-(``backend="ray"``, the optional extra ``pip install diffmech[ray]``). When all runs are done
-the sweep writes ``OUT/summary.csv`` and ``OUT/summary.json``.
+(``backend="ray"``, the optional extra ``pip install diffmech[ray]``), by :func:`diffmech.sweeps.execute`
+as the seed sweeps of the other jobs are. When all runs are done the sweep writes ``OUT/summary.csv`` and
+``OUT/summary.json`` (here a list of the runs' metrics, one row per run).
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import csv
 import json
-import multiprocessing as mp
-import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -39,16 +37,9 @@ def run_dir(out: str | Path, model: str, n_ics: int) -> Path:
     return Path(out) / model / f"N{n_ics}"
 
 
-def _worker(cfg_dict: dict, folder: str, threads: int, nice: int, progress: bool | None) -> dict:
-    import torch
-
-    if nice:
-        os.nice(nice)
-    torch.set_num_threads(threads)
-    metrics_path = Path(folder) / "metrics.json"
-    if metrics_path.exists():
-        return json.loads(metrics_path.read_text())
-    return run(TrainConfig(**cfg_dict), folder, resume=True, progress=progress)
+def _run_one(folder: str, *, progress: bool | None = None, cfg: dict) -> dict:
+    """One run of the sweep (called by name in the workers of :func:`diffmech.sweeps.execute`)."""
+    return run(TrainConfig(**cfg), folder, resume=True, progress=progress)
 
 
 def collect(out: str | Path) -> list[dict]:
@@ -71,7 +62,8 @@ def _write_summary(out: Path, rows: list[dict]) -> None:
 
 
 def sweep(base: TrainConfig, out: str | Path, *, models=MODEL_NAMES, n_ics=N_ICS, workers: int | None = None,
-          backend: str = "local", threads: int = 1, nice: int = 0, progress: bool | None = None) -> list[dict]:
+          backend: str = "local", threads: int = 1, nice: int = 0, progress: bool | None = None,
+          address: str | None = None) -> list[dict]:
     """Run (or resume) ``models x n_ics`` runs of ``base`` into ``out`` and return all their metrics.
 
     Args:
@@ -79,69 +71,31 @@ def sweep(base: TrainConfig, out: str | Path, *, models=MODEL_NAMES, n_ics=N_ICS
         out: sweep folder.
         models, n_ics: the grid.
         workers: parallel runs (default: the machine's CPU count); ``1`` runs in this process.
-        backend: ``"local"`` (process pool) or ``"ray"`` (needs ``ray``; ``ray.init()`` connects to
-            ``RAY_ADDRESS`` or starts a local cluster).
+        backend: ``"local"`` (process pool) or ``"ray"`` (needs ``ray``).
         threads: torch threads per run.
         nice: added niceness of the worker processes.
-        progress: per-run progress bars (default: only with ``workers=1`` on a terminal).
+        progress: the bar over the runs (default: on a terminal); per-run bars only with ``workers=1``.
+        address: the Ray cluster (:func:`diffmech.sweeps.execute`): default ``RAY_ADDRESS`` or a new
+            local one.
     """
-    from tqdm.auto import tqdm
+    from ..sweeps import Run, check_out, execute
 
-    out = Path(out)
+    out = check_out(out)
     out.mkdir(parents=True, exist_ok=True)
     for m in models:
         if m not in MODEL_NAMES:
             raise DiffmechError(f"sweep: unknown model {m!r}; choose from {', '.join(MODEL_NAMES)}")
     _data(replace(base, n_ics=max(n_ics)).resolved())  # generate (and cache) the data once, before the workers
-    jobs = []
+    runs = []
     for m in models:
         for n in n_ics:
-            cfg = replace(base, model=m, n_ics=n)
-            jobs.append((cfg.to_json(), str(run_dir(out, m, n))))
-    todo = [j for j in jobs if not (Path(j[1]) / "metrics.json").exists()]
-    todo.sort(key=lambda j: -_COST.get(j[0]["model"], 1.0) * (1 + j[0]["n_ics"] / 64))
-    workers = workers or os.cpu_count() or 1
+            folder = run_dir(out, m, n).relative_to(out).as_posix()
+            runs.append(Run(folder, "diffmech.learn.sweep:_run_one", {"cfg": replace(base, model=m, n_ics=n).to_json()},
+                            {"model": m, "n_ics": n}, _COST.get(m, 1.0) * (1 + n / 64)))
     t0 = time.perf_counter()
-    bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=f"sweep {base.system}", dynamic_ncols=True,
-                disable=None)
-    errors = []
-    if backend == "ray":
-        try:
-            import ray
-        except ImportError:
-            raise DiffmechError("sweep(backend='ray') needs Ray: pip install 'diffmech[ray]'") from None
-        if not ray.is_initialized():
-            ray.init()
-        remote = ray.remote(num_cpus=threads)(_worker)
-        pending = {remote.remote(c, d, threads, nice, False): d for c, d in todo}
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
-            d = pending.pop(done[0])
-            try:
-                ray.get(done[0])
-            except Exception as exc:  # noqa: BLE001 - reported below with the run folder
-                errors.append(f"{d}: {exc}")
-            bar.update(1)
-    elif backend == "local":
-        if workers == 1:
-            for c, d in todo:
-                try:
-                    _worker(c, d, threads, nice, progress)
-                except DiffmechError as exc:
-                    errors.append(f"{d}: {exc}")
-                bar.update(1)
-        else:
-            with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
-                futs = {ex.submit(_worker, c, d, threads, nice, False): d for c, d in todo}
-                for f in cf.as_completed(futs):
-                    try:
-                        f.result()
-                    except Exception as exc:  # noqa: BLE001 - reported below with the run folder
-                        errors.append(f"{futs[f]}: {exc}")
-                    bar.update(1)
-    else:
-        raise DiffmechError(f"sweep: backend must be 'local' or 'ray', got {backend!r}")
-    bar.close()
+    outcomes = execute(runs, out, workers=workers, backend=backend, address=address, threads=threads, nice=nice,
+                       progress=progress, desc=f"sweep {base.system}")
+    errors = [f"{out / o.run.name}: {o.error}" for o in outcomes if o.status == "failed"]
     rows = collect(out)
     _write_summary(out, rows)
     (out / "sweep.json").write_text(json.dumps({"base": base.to_json(), "models": list(models), "n_ics": list(n_ics),

@@ -11,7 +11,10 @@ and evaluates it; it writes into its folder:
 - ``checkpoint.pt``: model, optimiser, scheduler, RNG states and history, every
   ``checkpoint_every`` epochs and at the end; ``resume=True`` continues from it and gives the
   same result as an uninterrupted run;
-- ``metrics.json``: the paper-compatible metrics, the corrected ones (:mod:`.metrics`), Newton
+- ``metrics.json``: the paper-compatible metrics, the corrected ones (:mod:`.metrics`), the last
+  epoch's objectives (``final_train_objective``, ``final_test_objective``: the history's last row,
+  not the same quantity as ``train_loss``/``test_loss``), a ``definitions`` entry saying in one line
+  what each of these is, Newton
   statistics, ``wall_s`` (training and evaluation, summed over resumed sessions) and ``cpu_s`` (the
   process's CPU time over the same: the cost of the run on a machine it has to itself; ``null`` when
   the run resumed from a checkpoint written before ``cpu_s`` existed);
@@ -40,7 +43,7 @@ from torch import Tensor
 
 from ..errors import DiffmechError
 from .data import make_dataset, step_samples
-from .metrics import one_step_losses, paper_loss_columns, rollout_integration_set, rollout_metrics
+from .metrics import metric_definitions, one_step_losses, paper_loss_columns, rollout_integration_set, rollout_metrics
 from .models import MODEL_NAMES, build_model
 from .systems import get_system
 
@@ -413,6 +416,11 @@ def run(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: bo
         "cpu_s": cpu_total(),
         "system": cfg.system, "model": cfg.model, "n_ics": cfg.n_ics, "h": cfg.h,
     })
+    if history:
+        metrics["final_train_objective"] = history[-1]["train_objective"]
+        metrics["final_test_objective"] = history[-1]["test_objective"]
+    # last, so that the numbers come first in the file; evaluate_run set it, the update above kept it
+    metrics["definitions"] = metrics.pop("definitions")
     _write_json(metrics, metrics_path)
     return metrics
 
@@ -431,6 +439,7 @@ def evaluate_run(model, cfg: TrainConfig, system, ds, train_b, test_b, out: Path
                "train_loss_positions": tr["positions"], "test_loss_positions": te["positions"],
                "eval_newton_failures": tr["failures"] + te["failures"]}
     metrics.update({k: v for k, v in m.items() if k not in metrics})
+    metrics["definitions"] = metric_definitions(cfg.model)
     if out is not None:
         np.savez_compressed(out / "rollout.npz", true=ds.integration.obs[:, 2:2 + roll.q.shape[1]],
                             x0=ds.integration.x0, h=cfg.h, **arrays)

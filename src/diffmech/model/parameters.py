@@ -45,7 +45,8 @@ from .persistence import PhysicalValues, reconcile_inertial_source
 from .spec import JointSpec, LinkSpec, RobotSpec
 from .tree import KinematicTree
 
-__all__ = ["RobotParameters", "LinkParams", "JointParams", "ModelTensors", "RawParameters", "derive_tensors"]
+__all__ = ["RobotParameters", "RobotSummary", "LinkParams", "JointParams", "ModelTensors", "RawParameters",
+           "derive_tensors"]
 
 LINK_PARAMS = ("mass", "com", "inertia")
 JOINT_PARAMS = ("origin_xyz", "origin_rpy", "damping", "friction", "stiffness", "rest")
@@ -354,6 +355,36 @@ class JointParams(PhysicalValues, nn.Module):
             self.register_buffer(name, torch.tensor(float(getattr(spec, name)), **kw))
 
 
+class RobotSummary(dict):
+    """The ``dict`` of :meth:`RobotParameters.summary` that prints as a two-column table.
+
+    Everything a ``dict`` does is unchanged (indexing, ``==``, ``json.dumps``, pickling); only
+    ``str()`` and ``repr()`` give the table, so that ``print(robot.summary())`` and a REPL show it.
+    """
+
+    _UNITS = {"total_mass": "kg"}
+
+    def table(self) -> str:
+        """The table: one row per key, values formatted for reading (mass in kg to 0.1 g)."""
+        rows = []
+        for key, value in self.items():
+            if isinstance(value, dict):
+                text = ", ".join(f"{k} {v}" for k, v in value.items()) or "-"
+            elif isinstance(value, float):
+                text = f"{value:.4f}"
+            else:
+                text = str(value)
+            unit = self._UNITS.get(key)
+            rows.append((key, f"{text} {unit}" if unit else text))
+        width = max((len(k) for k, _ in rows), default=0)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+    __str__ = table
+
+    def __repr__(self) -> str:
+        return self.table()
+
+
 class _Slot(NamedTuple):
     kind: str  # RawParameters field
     index: int  # entry within the kind (-1 for gravity)
@@ -379,6 +410,11 @@ class RobotParameters(PhysicalValues, nn.Module):
         meta: what the description carried besides the dynamics (plain data; for a URDF,
             ``meta["urdf"]`` holds its ``<visual>``/``<collision>`` elements and materials, which
             :meth:`diffmech.RobotModel.to_urdf` writes back).
+
+    Names: ``named_parameters()`` and ``state_dict`` use module paths, links and joints by index
+    (``links.7.mass`` is the mass of ``link_names[7]``, ``joints.2.damping`` the damping of
+    ``all_joint_names[2]``); :meth:`learnable_parameters` and :meth:`parameter_names` give the names
+    after the link or joint (``iiwa_link_7.mass``).
 
     Saving: ``state_dict`` holds each parameter's physical value (and the raw tensors of learnable
     ones); ``load_state_dict`` restores the values into any model of the same tree, the raw tensors
@@ -790,6 +826,8 @@ class RobotParameters(PhysicalValues, nn.Module):
     def learnable_parameters(self, readable: bool = True) -> dict[str, Tensor]:
         """Trainable tensors by name.
 
+        :meth:`parameter_names` maps the module paths of ``named_parameters()`` to these names.
+
         Args:
             readable: ``False``: qualified module names (``links.3.mass``,
                 ``links.3.parametrizations.mass.original``, ``links.3.inertial_source.theta``), the
@@ -803,6 +841,26 @@ class RobotParameters(PhysicalValues, nn.Module):
         if not readable:
             return dict(named)
         return {self._readable_name(n): p for n, p in named}
+
+    def parameter_names(self, trainable_only: bool = False) -> dict[str, str]:
+        """The readable name of each entry of ``named_parameters()``.
+
+        ``named_parameters()`` and ``state_dict`` name a value by its module path, with links and
+        joints numbered in the order of ``link_names`` and ``all_joint_names`` (``links.7.mass``,
+        ``joints.2.parametrizations.damping.original``); :meth:`learnable_parameters` names it after
+        the link or joint (``iiwa_link_7.mass``, ``iiwa_joint_3.damping.raw``). The module paths stay
+        what they are so that ``state_dict`` files, optimiser states and ``functional_call`` keep
+        working (a link name may also hold a dot, which a module path cannot).
+
+        Args:
+            trainable_only: only the tensors with ``requires_grad`` (the keys of
+                ``learnable_parameters(readable=False)``).
+
+        Returns:
+            ``{module path: readable name}``, e.g. ``{"links.7.mass": "iiwa_link_7.mass"}``.
+        """
+        return {n: self._readable_name(n) for n, p in self.named_parameters()
+                if p.requires_grad or not trainable_only}
 
     def _readable_name(self, qualified: str) -> str:
         parts = qualified.split(".")
@@ -883,15 +941,17 @@ class RobotParameters(PhysicalValues, nn.Module):
         quat = quat / quat.norm(dim=-1, keepdim=True)
         return torch.cat([pos, quat, qj], dim=-1)
 
-    def summary(self) -> dict:
-        """Plain-data summary: name, counts, total mass, joint types."""
+    def summary(self) -> RobotSummary:
+        """Name, counts, total mass (kg) and joint types, as a :class:`RobotSummary`: a plain ``dict``
+        (keys ``name``, ``links``, ``bodies``, ``nq``, ``nv``, ``floating_base``, ``total_mass``,
+        ``joint_types``) that prints as a table."""
         types: dict[str, int] = {}
         for t in self.tree.joint_kinds:
             types[t] = types.get(t, 0) + 1
-        return {
-            "name": self.name, "links": self.n_links, "bodies": self.nb, "nq": self.nq, "nv": self.nv,
-            "floating_base": self.floating_base, "total_mass": float(self.total_mass()), "joint_types": types,
-        }
+        return RobotSummary(
+            name=self.name, links=self.n_links, bodies=self.nb, nq=self.nq, nv=self.nv,
+            floating_base=self.floating_base, total_mass=self.total_mass().detach().item(), joint_types=types,
+        )
 
     def extra_repr(self) -> str:
         return (f"name={self.name!r}, links={self.n_links}, nq={self.nq}, nv={self.nv}, "

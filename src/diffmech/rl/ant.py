@@ -41,8 +41,14 @@ class Ant(DiffEnv):
     back_right), held over the step.
 
     Observation ``(N, 27)``, MuJoCo's layout (``qpos`` without ``x, y``, then ``qvel``): torso height
-    ``z``, torso orientation as a quaternion ``(w, x, y, z)``, 8 joint angles, the torso's linear
-    velocity in world axes, its angular velocity in torso axes, 8 joint rates.
+    ``z`` (m, index 0), torso orientation as a unit quaternion ``(w, x, y, z)`` (indices 1-4), 8 joint
+    angles (rad, 5-12), the torso's linear velocity in world axes (m/s, 13-15), its angular velocity
+    in torso axes (rad/s, 16-18), 8 joint rates (rad/s, 19-26).
+
+    The quaternion's ``w`` comes first here although diffmech's ``q`` stores it last
+    (``q[3:7]`` is ``(x, y, z, w)``, see the conventions page): the observation follows MuJoCo's
+    ``qpos`` and gymnasium's ``Ant-v5``, so that a policy trained here reads the same vector there
+    (:mod:`diffmech.rl.transplant`). ``obs[:, 1:5]`` is ``q[:, [6, 3, 4, 5]]``.
 
     Reward of a step (gymnasium ``Ant-v5``, without its contact cost):
     ``(x_1 - x_0) / dt + healthy_reward * healthy(s_1) - ctrl_cost_weight * |a|^2``, with ``x`` the
@@ -163,6 +169,7 @@ class Ant(DiffEnv):
         quat = q[:, 3:7]
         R = quat_to_matrix(quat / quat.norm(dim=-1, keepdim=True))
         lin_world = (R @ v[:, :3, None])[..., 0]  # diffmech keeps the base's linear velocity in torso axes
+        # w first although q holds (x, y, z, w): MuJoCo's qpos order, so policies transfer to Ant-v5
         wxyz = torch.cat([quat[:, 3:], quat[:, :3]], -1)
         return torch.cat([q[:, 2:3], wxyz, q[:, 7:], lin_world, v[:, 3:]], -1)
 

@@ -1,4 +1,4 @@
-"""``diffmech rl {train,eval,transplant}``: reinforcement learning from the command line.
+"""``diffmech rl {train,sweep,eval,transplant}``: reinforcement learning from the command line.
 
 Registered on the top-level parser by :func:`add_parser`; :func:`main` runs a parsed command.
 """
@@ -8,9 +8,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from ..errors import DiffmechError
+from ..sweeps import add_sweep_options
 from .train import ALGOS, DEFAULT_STEPS, ENVS
+
+# the metrics of the sweep's table and plot (summary.json has them all)
+SWEEP_METRICS = ("max_return", "final_return", "relative_max_return", "env_steps", "wall_s")
 
 
 def _value(text: str):
@@ -22,7 +27,7 @@ def _value(text: str):
 
 def add_parser(sub) -> None:
     """Add ``rl`` and its subcommands to the subparsers ``sub`` of the ``diffmech`` parser."""
-    rl = sub.add_parser("rl", help="reinforcement learning with simulation gradients (train, eval, transplant)",
+    rl = sub.add_parser("rl", help="reinforcement learning with simulation gradients (train, sweep, eval, transplant)",
                         description="Train a policy on a diffmech task (SHAC and policy- or sample-enhanced SAC "
                                     "through the differentiable simulator; stable-baselines3's SAC and PPO on the "
                                     "gymnasium adapter), or evaluate a trained run.")
@@ -32,25 +37,17 @@ def add_parser(sub) -> None:
                                     "wall_s), DIR/curve.csv and DIR/curve.png (evaluation return vs environment steps "
                                     "and vs wall-clock) and checkpoints (checkpoint.pt and checkpoint_best.pt, or "
                                     "model.zip and model_best.zip for sac/ppo).")
-    t.add_argument("--env", required=True, choices=ENVS, help="task")
-    t.add_argument("--links", type=int, default=2, help="links of the pendulum (nlink-reach; default: %(default)s)")
-    t.add_argument("--algo", required=True, choices=ALGOS, help="algorithm")
-    t.add_argument("--steps", type=int, default=None,
-                   help="environment steps (default: " + ", ".join(f"{k} {v}" for k, v in DEFAULT_STEPS.items()) + ")")
-    t.add_argument("--seed", type=int, required=True, help="random seed")
+    _train_options(t)
+    t.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     t.add_argument("--out", required=True, help="output folder DIR")
-    t.add_argument("--device", default="cpu", help="torch device of diffmech's learners (default: %(default)s)")
-    t.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
-    t.add_argument("--max-wall", type=float, default=None, metavar="S",
-                   help="stop after S seconds of training (evaluations excluded) even with steps left")
-    t.add_argument("--evaluations", type=int, default=50, help="evaluations over the run (default: %(default)s)")
-    t.add_argument("--eval-episodes", type=int, default=4, help="episodes per evaluation (default: %(default)s)")
-    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="an algorithm setting (SHACConfig/SACConfig field, or a stable-baselines3 keyword), "
-                        "VALUE read as JSON when it parses; repeatable")
-    t.add_argument("--env-set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a task keyword, e.g. reset_noise=0.05; repeatable")
     t.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    sw = rsub.add_parser("sweep", help="'rl train' over several seeds, locally or on Ray (resumable)",
+                         description="Runs 'rl train' once per seed into OUT/seed<k> (a run whose metrics.json "
+                                     "exists is not re-run), on a local process pool or a Ray cluster; writes "
+                                     "OUT/summary.json (each run's metrics and their mean, std, min and max over "
+                                     "the seeds) and OUT/summary.png, and prints the table.")
+    _train_options(sw)
+    add_sweep_options(sw)
     e = rsub.add_parser("eval", help="run a trained policy once and render a GIF",
                         description="Re-runs the deterministic policy of a run folder (by default the one of the best "
                                     "evaluation during training) for one episode, prints its "
@@ -73,6 +70,25 @@ def add_parser(sub) -> None:
     m.add_argument("--seed", type=int, default=0, help="start states and random policy (default: %(default)s)")
 
 
+def _train_options(t: argparse.ArgumentParser) -> None:
+    t.add_argument("--env", required=True, choices=ENVS, help="task")
+    t.add_argument("--links", type=int, default=2, help="links of the pendulum (nlink-reach; default: %(default)s)")
+    t.add_argument("--algo", required=True, choices=ALGOS, help="algorithm")
+    t.add_argument("--steps", type=int, default=None,
+                   help="environment steps (default: " + ", ".join(f"{k} {v}" for k, v in DEFAULT_STEPS.items()) + ")")
+    t.add_argument("--device", default="cpu", help="torch device of diffmech's learners (default: %(default)s)")
+    t.add_argument("--threads", type=int, default=1, help="torch CPU threads of a run (default: %(default)s)")
+    t.add_argument("--max-wall", type=float, default=None, metavar="S",
+                   help="stop after S seconds of training (evaluations excluded) even with steps left")
+    t.add_argument("--evaluations", type=int, default=50, help="evaluations over the run (default: %(default)s)")
+    t.add_argument("--eval-episodes", type=int, default=4, help="episodes per evaluation (default: %(default)s)")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an algorithm setting (SHACConfig/SACConfig field, or a stable-baselines3 keyword), "
+                        "VALUE read as JSON when it parses; repeatable")
+    t.add_argument("--env-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a task keyword, e.g. reset_noise=0.05; repeatable")
+
+
 def _pairs(items: list[str], what: str) -> dict:
     out = {}
     for item in items:
@@ -81,6 +97,38 @@ def _pairs(items: list[str], what: str) -> dict:
         k, v = item.split("=", 1)
         out[k.strip()] = _value(v)
     return out
+
+
+def _run_folder(run: str) -> None:
+    # checked here so that a mistyped folder is named as such, not as a missing config.json
+    path = Path(run)
+    if not path.is_dir():
+        raise DiffmechError(f"run folder {run} does not exist")
+    if not (path / "config.json").exists():
+        raise DiffmechError(f"{run} is not a run folder (no config.json); give a folder written by 'diffmech rl train'")
+
+
+def _sweep_job(folder: str, *, progress=None, env: str, algo: str, **kwargs) -> dict:
+    """One run of ``diffmech rl sweep`` (called by name in the sweep's workers)."""
+    from .train import train
+
+    return train(env, algo, folder, progress=progress, **kwargs)
+
+
+def _sweep(args: argparse.Namespace) -> None:
+    from ..sweeps import check_out, cli_logging, seed_sweep
+    from .train import TASK_DEFAULTS, _config
+
+    check_out(args.out)
+    overrides, env_kwargs = _pairs(args.set, "--set"), _pairs(args.env_set, "--env-set")
+    _config(args.algo, {**TASK_DEFAULTS.get((args.env, args.algo), {}), **overrides})  # a bad --set fails once, here
+    options = {"env": args.env, "algo": args.algo, "links": args.links, "steps": args.steps, "device": args.device,
+               "threads": args.threads, "max_wall": args.max_wall, "evaluations": args.evaluations,
+               "eval_episodes": args.eval_episodes, "overrides": overrides, "env_kwargs": env_kwargs}
+    cli_logging()
+    seed_sweep("rl train", "diffmech.rl.cli:_sweep_job", options, args.seeds, args.out, workers=args.workers,
+               backend=args.backend, address=args.address, threads=args.threads, headline=SWEEP_METRICS,
+               curve=("curve.csv", "env_steps", "eval_return"))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -93,16 +141,24 @@ def main(args: argparse.Namespace) -> int:
                       device=args.device, threads=args.threads, max_wall=args.max_wall, evaluations=args.evaluations,
                       eval_episodes=args.eval_episodes, progress=False if args.no_progress else None,
                       overrides=_pairs(args.set, "--set"), env_kwargs=_pairs(args.env_set, "--env-set"))
+        elif args.rl_command == "sweep":
+            _sweep(args)
+            return 0
         elif args.rl_command == "transplant":
             from .transplant import transplant
 
+            _run_folder(args.run)
             m = transplant(args.run, episodes=args.episodes, which="final" if args.final else "best",
                            horizon=args.horizon, seed=args.seed, integrator=args.integrator)
         else:
             from .train import evaluate_run
 
+            _run_folder(args.run)
             m = evaluate_run(args.run, which="final" if args.final else "best", gif=not args.no_gif)
-    except (DiffmechError, FileNotFoundError, ImportError) as exc:
+    except FileNotFoundError as exc:
+        print(f"diffmech rl {args.rl_command}: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 1
+    except (DiffmechError, ImportError) as exc:
         print(f"diffmech rl {args.rl_command}: error: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(m, indent=1))

@@ -329,7 +329,7 @@ class NLinkReach(DiffEnv):
         max_speed: joint speed (rad/s) that ends an episode (:class:`DiffEnv`): 100 by default, a
             turn of 1.7 rad per step of 1/60 s, where semi-implicit Euler's swing grows without bound
             (a 6-link chain went from 72 to 1e30 rad/s in ten steps; controlled swings stay under 60).
-        Other keywords go to :class:`DiffEnv`.
+        **kwargs: the other keywords of :class:`DiffEnv`.
     """
 
     def __init__(self, links: int = 2, num_envs: int = 1, *, link_length: float = 0.5,

@@ -35,7 +35,7 @@ from torch.autograd.function import once_differentiable
 
 from ..contact import pgs_native, update_native
 from ..contact.pgs import NEWTON_ITERATIONS, implicit_vjp
-from ..dynamics import kernels
+from ..dynamics import kernels, threads
 from ..dynamics.kernel_store import NativeUnavailable
 from ..dynamics.kinematics import advance_floating_base
 from ..dynamics.lanes import SERIES_BELOW
@@ -601,11 +601,13 @@ class _NativeStep(torch.autograd.Function):
     def forward(ctx, stepper, info, warm, getters, q, v, tau, *tensors):
         q1, v1 = stepper.step(stepper.scene, q.detach(), v.detach(), tau.detach(), stepper.dt, info, warm)
         ctx.stepper, ctx.kept, ctx.getters = stepper, info["lam"], getters
+        ctx.thread_work = threads.work_of(q, stepper.scene.nv)
         ctx.save_for_backward(q, v, tau)
         return q1, v1
 
     @staticmethod
     @once_differentiable
+    @threads.decided_backward
     def backward(ctx, gq1, gv1):
         q, v, tau = ctx.saved_tensors
         stepper = ctx.stepper

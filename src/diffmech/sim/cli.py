@@ -19,8 +19,9 @@ def add_sim_parser(sub) -> argparse.ArgumentParser:
     run = ssub.add_parser("run", help="roll out a scene under zero commanded torque; trajectory, stats and a GIF",
                           description="Roll out SCENE (zero commanded torque) and write DIR/trajectory.csv "
                                       "(t, q, v), DIR/results.json (the rollout's stats, wall time) and "
-                                      "DIR/animation.gif (the collision shapes in 3-D). panda-throw: the Panda "
-                                      "holds the ball still and opens its fingers halfway through.")
+                                      "DIR/animation.gif (in 3-D: visual meshes where the URDF has them, "
+                                      "else the collision shapes). panda-throw: the Panda holds the ball still "
+                                      "and opens its fingers halfway through.")
     run.add_argument("scene", choices=SCENES)
     run.add_argument("--seconds", type=float, default=1.0, help="simulated time (default: %(default)s)")
     run.add_argument("--dt", type=float, default=1e-3, help="time step, s (default: %(default)s)")

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from ..dynamics import threads
 from ..dynamics._jacobian import JACOBIAN_MAX_BATCH, one_thread
 from ..errors import ShapeError, SimulationError
 from .contact_step import contact_step
@@ -67,6 +68,7 @@ class _Checkpointed(torch.autograd.Function):
         Q = [q0.detach()]
         V = [v0.detach()]
         q, v = Q[0], V[0]
+        ctx.thread_work = threads.work_of(q0, scene.nv)
         info_all = {"iterations": 0, "newton": 0, "residual": 0.0, "violation": 0.0, "penetration": 0.0,
                     "candidates": 0}
         fallbacks = unconverged = 0
@@ -117,6 +119,7 @@ class _Checkpointed(torch.autograd.Function):
         return Qs, Vs
 
     @staticmethod
+    @threads.decided_backward
     def backward(ctx, gQ, gV):
         Qc, Vc, tau, *params = ctx.saved_tensors
         T, K = ctx.T, ctx.K

@@ -49,6 +49,7 @@ from ..contact import geometry as geo
 from ..contact.impulses import Blocks, assemble, velocity_update
 from ..contact.pgs import pgs
 from ..contact.smooth import smooth_solve
+from ..dynamics import threads
 from ..dynamics._jacobian import JACOBIAN_MAX_BATCH, one_thread
 from ..dynamics.free_flyer import free_flyer_integrate
 from ..dynamics.kinematics import advance_floating_base, poses_and_world_jacobians
@@ -420,6 +421,7 @@ def _warn_fallback(scene: Scene, envs: list[int]) -> None:
                   stacklevel=3)
 
 
+@threads.decided
 def contact_step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict | None = None,
                  warm: dict | None = None, replay: dict | None = None) -> tuple[Tensor, Tensor]:
     """Advance ``(q (..., nq), v (..., nv))`` by ``dt`` under joint forces ``tau (..., nv)`` (the batch

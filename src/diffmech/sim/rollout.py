@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from ..dynamics import threads
 from ..dynamics.aba import _lu_apply, forward_dynamics_flat
 from ..dynamics.compiled import CompiledDynamics, compiled
 from ..dynamics.crba import crba_flat
@@ -246,11 +247,13 @@ class _ReplayedDynamics(torch.autograd.Function):
     @staticmethod
     def forward(ctx, robot, passive, q, v, tau, f_ext, qdd, *params):
         ctx.robot, ctx.passive, ctx.params = robot, passive, params
+        ctx.thread_work = threads.work_of(q, robot.nv)
         ctx.save_for_backward(q, v, qdd, f_ext)
         return qdd.clone()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @threads.decided_backward
     def backward(ctx, g):
         q, v, qdd, f_ext = ctx.saved_tensors
         needs = ctx.needs_input_grad
@@ -405,6 +408,7 @@ class _CheckpointRollout(torch.autograd.Function):
     def forward(ctx, cfg: _Config, q0, v0, tau, f_ext, *params):
         t0 = time.perf_counter()
         robot, T, B = cfg.robot, cfg.steps, q0.shape[0]
+        ctx.thread_work = threads.work_of(q0, robot.nv)
         Q = q0.new_empty(B, T + 1, robot.nq)
         V = v0.new_empty(B, T + 1, robot.nv)
         Q[:, 0] = q0
@@ -439,6 +443,7 @@ class _CheckpointRollout(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @threads.decided_backward
     def backward(ctx, gQ, gV):
         t0 = time.perf_counter()
         cfg = ctx.cfg
@@ -806,6 +811,7 @@ def _unique_trainable(tensors) -> list[Tensor]:
     return out
 
 
+@threads.decided
 def rollout(
     robot: RobotModel,
     q0: Tensor,
