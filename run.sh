@@ -35,12 +35,27 @@ setup() {
     echo "$key $extra" > "$STAMP"
 }
 
+# The browser test of the 3-D view needs a headless Chromium: Debian's package, installed when this
+# machine has none and apt-get can run (as root, e.g. in CI); otherwise the test says what is missing.
+browser() {
+    local b
+    for b in chromium-headless-shell chromium chromium-browser google-chrome; do
+        command -v "$b" > /dev/null && return 0
+    done
+    if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+        echo "run.sh: installing Debian's chromium for the browser test (apt-get, about a minute)" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium > /dev/null 2>&1 \
+            || { apt-get update -q > /dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium > /dev/null 2>&1; } \
+            || echo "run.sh: apt-get could not install chromium; the browser test will fail" >&2
+    fi
+}
+
 cmd="${1:-}"
 [ $# -gt 0 ] && shift
 case "$cmd" in
     setup) setup "${1:-test}" ;;
     demo) setup robots; exec "$PY" -m diffmech demo "$@" ;;
-    test) setup test; exec "$PY" -m pytest -q "$@" ;;
+    test) setup test; browser; exec "$PY" -m pytest -q "$@" ;;
     *)
         echo "usage: ./run.sh {demo|test|setup} [args...]" >&2
         exit 2

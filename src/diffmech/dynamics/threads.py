@@ -34,7 +34,7 @@ __all__ = ["LARGE_WORK", "set_threads", "threads_for", "using", "hold", "one_thr
            "policy"]
 
 # Floating-point work (batch x nv^2) from which a call may use several threads on an idle machine.
-LARGE_WORK = 1 << 22
+LARGE_WORK = 1 << 19
 
 
 def _from_environment() -> str | int:
