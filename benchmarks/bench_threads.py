@@ -111,7 +111,9 @@ def markdown(res: dict) -> str:
              f"`{res['command']}` on {res['machine']} ({res['cores']} cores), commit {res['commit']}; torch at 2 "
              "threads, `DIFFMECH_NATIVE=never`. `torch`: diffmech leaves torch's thread count alone (the "
              "behaviour before the decision); `auto`: the default decision of `diffmech.dynamics.threads`. "
-             "Fastest of alternating blocks; ratio = torch / auto (above 1: the decision is faster).", "",
+             "Fastest of alternating blocks; ratio = torch / auto (above 1: the decision is faster). `loaded`: two "
+             "busy-looping processes added; the load average is read as each condition starts and lags by "
+             "about a minute.", "",
              "| condition (1-min load average) | workload | torch | auto | torch / auto |", "|---|---|---|---|---|"]
     for cond, block in res["conditions"].items():
         for name, r in block["rows"].items():

@@ -74,7 +74,7 @@ def add_eigenmode_parser(sub) -> argparse.ArgumentParser:
 
 def _learn_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="main", choices=_CONFIG_NAMES,
-                   help="base configuration (default: %(default)s)")
+                   help="base configuration (default: %(default)s; tiny is a smoke test, not the paper's run)")
     p.add_argument("--q0", type=float, nargs="+", metavar="A", help="initial configuration (rad)")
     p.add_argument("--target-angles", type=float, nargs="+", metavar="A",
                    help="target configuration whose end-effector position is the target (rad)")

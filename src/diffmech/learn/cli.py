@@ -109,6 +109,13 @@ def _print_metrics(m: dict) -> None:
     keys = ("train_loss", "test_loss", "integration_loss", "energy_loss", "inertia_loss", "integration_median",
             "energy_loss_consistent", "wall_s")
     print("  ".join(f"{k}={m[k]:.4g}" if isinstance(m.get(k), float) else f"{k}={m.get(k)}" for k in keys))
+    # the training objective (history.csv's last row) is another quantity than test_loss: say both, and why
+    # they can differ, where a user compares them
+    if isinstance(m.get("final_test_objective"), float):
+        fails = m.get("eval_newton_failures")
+        print(f"final_test_objective={m['final_test_objective']:.4g} (history.csv's last row: the training "
+              f"objective, not test_loss; metrics.json's 'definitions' says how they differ)"
+              + (f"  eval_newton_failures={fails}" if fails else ""))
 
 
 def main(args: argparse.Namespace) -> int:
