@@ -104,6 +104,26 @@ def test_cli_stabilize_and_figures(tmp_path):
         assert os.path.getsize(os.path.join(out, name)) > 1000, name
 
 
+@pytest.mark.slow
+def test_stabilize_defaults_scale_with_a_smoke_test_run(tmp_path, caplog):
+    """On a `tiny` run, stabilize without options takes the smoke-test settings (1 period, a 2 x 2 grid,
+    101 monodromy steps; the full ones are 3, 4 x 4 and 601), records them, and logs each stage."""
+    import logging
+
+    out = str(tmp_path / "run")
+    assert main(["eigenmode", "learn", "--config", "tiny", "--epochs", "2", "--out", out, "--no-progress"]) == 0
+    caplog.set_level(logging.INFO, logger="diffmech")
+    with pytest.warns(UserWarning, match="stored orbit"):
+        assert main(["eigenmode", "stabilize", out, "--no-plots"]) == 0
+    with open(os.path.join(out, "stabilize.json")) as f:
+        st = json.load(f)
+    assert st["settings"] == {"periods": 1.0, "grid": 2, "monodromy_steps": 101, "grid_periods": 2,
+                              "smoke_test": True}
+    assert st["floquet"]["steps_per_period"] == 101 and len(st["grid"]["starts"]) == 4
+    stages = [r.getMessage() for r in caplog.records if r.name == "diffmech.eigenmode"]
+    assert stages[0].endswith("(smoke-test settings)") and any("monodromy" in m for m in stages[1:]), stages
+
+
 def test_all_configs_build():
     for name in CONFIGS:
         if name.startswith("iiwa"):

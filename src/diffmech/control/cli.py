@@ -55,12 +55,13 @@ def add_eigenmode_parser(sub) -> argparse.ArgumentParser:
     stab.add_argument("--damping", type=float, metavar="B", help="plant viscous damping b (default 0)")
     stab.add_argument("--start", type=float, nargs="+", metavar="X",
                       help="start state q1 .. qn p1 .. pn (default: q0 + 0.7, p = 5)")
-    stab.add_argument("--periods", type=float, default=3.0, help="simulated horizon in periods (default: %(default)s)")
-    stab.add_argument("--grid", type=int, default=4,
-                      help="perturbed starts per axis of the start grid (default: %(default)s)")
-    stab.add_argument("--monodromy-steps", type=int, default=601,
+    stab.add_argument("--periods", type=float, default=None,
+                      help="simulated horizon in periods (default: 3; 1 for a smoke-test configuration such as tiny)")
+    stab.add_argument("--grid", type=int, default=None,
+                      help="perturbed starts per axis of the start grid (default: 4; 2 for a smoke test)")
+    stab.add_argument("--monodromy-steps", type=int, default=None,
                       help="fixed RK4 steps per period for the monodromy matrices; odd, so that no stage "
-                           "falls on a turning point when starting at T/4 (default: %(default)s)")
+                           "falls on a turning point when starting at T/4 (default: 601; 101 for a smoke test)")
     stab.add_argument("--tag", default="",
                       help="suffix of the output files (stabilize_TAG.json, ...) to keep several settings side "
                            "by side; metrics.json gets the multipliers only without a tag")

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import torch
 
+from .. import _log
 from .._warnings import warn
 from ..errors import ConvergenceError, DiffmechError
 from .configs import get_config, smoke_test_note
@@ -18,6 +19,8 @@ from .eigenmodes import EigenmodeTrainer, half_index
 from .floquet import limit_cycle, monodromy_autodiff, monodromy_fd, multipliers, orbit_point, ratio_multipliers
 from .stabilize import ModeStabilizer, Orbit, TrackingController, signals, simulate, simulate_ivp
 from .verify import as_float64, verify_mode
+
+log = _log.get("eigenmode")
 
 __all__ = ["learn", "finish_learn", "stabilize", "report", "format_metrics", "config_overrides"]
 
@@ -207,15 +210,28 @@ def stabilize(args: argparse.Namespace) -> dict:
         x_start = torch.tensor(cfg.start, dtype=torch.float64)
     else:
         x_start = torch.cat([q0 + 0.7, torch.full((n,), 5.0, dtype=torch.float64)])
+    # the defaults scale with the run: a smoke-test configuration gets a smoke-test stabilisation
+    smoke = smoke_test_note(cfg) is not None
+    periods = float(args.periods) if getattr(args, "periods", None) is not None else (1.0 if smoke else 3.0)
+    grid_n = int(args.grid) if getattr(args, "grid", None) is not None else (2 if smoke else 4)
+    ms = int(args.monodromy_steps) if getattr(args, "monodromy_steps", None) is not None else (101 if smoke else 601)
+    grid_periods = 2 if smoke else 5
+    if periods <= 0 or grid_n < 1 or ms < 3:
+        raise DiffmechError(f"--periods must be > 0, --grid >= 1, --monodromy-steps >= 3 "
+                            f"(got {periods}, {grid_n}, {ms})")
+    _log.show()
+    log.info("stabilize %s: %g periods, grid %d x %d, %d monodromy steps per period%s", out, periods, grid_n,
+             grid_n, ms, " (smoke-test settings)" if smoke else "")
     orbit = Orbit.from_system(system, q0, T, samples=1001)
     stab = ModeStabilizer(system, orbit, gains=gains, damping=0.0)
-    horizon = args.periods * T
-    steps = int(round(333 * args.periods))
+    horizon = periods * T
+    steps = int(round(333 * periods))
     E = orbit.energy
     runs: dict[str, dict] = {}
     summaries: dict[str, dict] = {}
 
     def run(name: str, st: ModeStabilizer, ivp: bool = False):
+        log.info("stabilize: simulating %s", name)
         if ivp:
             t, X = simulate_ivp(st.field, x_start, horizon, samples=steps + 1, rtol=1e-8, atol=1e-8)
         else:
@@ -231,8 +247,8 @@ def stabilize(args: argparse.Namespace) -> dict:
         run(f"projected, b={b:g}", ModeStabilizer(system, orbit, gains=gains, damping=b))
 
     # a grid of perturbed starts, batched
-    g = max(int(args.grid), 1)
-    offs = np.linspace(-0.6, 0.6, g)
+    log.info("stabilize: a grid of %d perturbed starts over %d periods", grid_n * grid_n, grid_periods)
+    offs = np.linspace(-0.6, 0.6, grid_n)
     starts = []
     for a in offs:
         for b_ in offs:
@@ -242,10 +258,10 @@ def stabilize(args: argparse.Namespace) -> dict:
             starts.append(x)
     S = torch.stack(starts)
     with torch.no_grad():
-        _, XG = simulate(stab.field, S, 5 * T, int(round(5 * 333)), method="midpoint")
+        _, XG = simulate(stab.field, S, grid_periods * T, int(round(grid_periods * 333)), method="midpoint")
         sg_end = signals(stab, XG[:, -1])
         sg_0 = signals(stab, XG[:, 0])
-    grid = {"starts": S.numpy(), "horizon_periods": 5,
+    grid = {"starts": S.numpy(), "horizon_periods": grid_periods,
             "energy_error_start": np.abs(sg_0["H"].numpy() - E), "energy_error_end": np.abs(sg_end["H"].numpy() - E),
             "dist_q_end": sg_end["dist_q"].numpy(), "dist_p_end": sg_end["dist_p"].numpy()}
     grid["converged"] = int(((grid["dist_q_end"] < 1e-2) & (grid["energy_error_end"] < 1e-2)).sum())
@@ -262,7 +278,7 @@ def stabilize(args: argparse.Namespace) -> dict:
                 "actuator_effort": float(np.trapezoid(uT.square().sum(-1).numpy(), tt.numpy()))}
 
     # cycle multipliers on the closed loop's own limit cycle (next to the stored orbit), undamped
-    ms = int(args.monodromy_steps)
+    log.info("stabilize: limit cycle and monodromy matrices (%d RK4 steps per period)", ms)
     try:
         cyc = limit_cycle(stab, steps=ms)
         cycle_note = "the closed loop's limit cycle"
@@ -302,7 +318,9 @@ def stabilize(args: argparse.Namespace) -> dict:
     }
     result = {
         "gains": list(gains), "damping": damping, "start": x_start.tolist(), "period": T, "energy_target": E,
-        "horizon_s": horizon, "runs": summaries, "grid": grid, "tracking": tracking, "floquet": floquet,
+        "horizon_s": horizon, "settings": {"periods": periods, "grid": grid_n, "monodromy_steps": ms,
+                                           "grid_periods": grid_periods, "smoke_test": smoke},
+        "runs": summaries, "grid": grid, "tracking": tracking, "floquet": floquet,
         "multipliers": mu_a["moduli"], "max_multiplier": mu_a["max_modulus"],
         "wall_s": time.perf_counter() - t_start,
     }
