@@ -12,6 +12,8 @@ from .errors import DiffmechError
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="diffmech", description="Differentiable, learnable mechanics in PyTorch.")
     parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument("--debug", action="store_true",
+                        help="let errors propagate with their Python traceback (for bug reports)")
     sub = parser.add_subparsers(dest="command", required=True)
     info = sub.add_parser("info", help="one URDF file: links, DoF, mass, joint types, round-trip check",
                           description="Load a URDF and print the demo's table for it: links, DoF, total mass, "
@@ -170,9 +172,50 @@ def _kernels(args) -> int:
     return 0
 
 
+def _command(args) -> str:
+    words = [args.command]
+    for attr in ("symo_command", "eigen_command", "sim_command", "rl_command", "kernels_command"):
+        if getattr(args, attr, None):
+            words.append(getattr(args, attr))
+    return " ".join(words)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``diffmech`` script; returns the process exit code."""
+    """Entry point of the ``diffmech`` script; returns the process exit code.
+
+    Exit status 2 for a command line that asks for something impossible (argparse's errors and
+    :class:`~diffmech.cli_checks.UsageError`), 1 for a failure; one line on stderr, no traceback
+    unless ``--debug``.
+    """
+    from .cli_checks import UsageError
+
     args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except UsageError as exc:
+        if args.debug:
+            raise
+        print(f"diffmech {_command(args)}: error: {exc}", file=sys.stderr)
+        return 2
+    except DiffmechError as exc:
+        if args.debug:
+            raise
+        print(f"diffmech {_command(args)}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"diffmech {_command(args)}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - a user gets one line; --debug gives the traceback
+        if args.debug:
+            raise
+        print(f"diffmech {_command(args)}: error: {type(exc).__name__}: {exc} (run 'diffmech --debug ...' for the "
+              "traceback)", file=sys.stderr)
+        return 1
+
+
+def _dispatch(args) -> int:
     if args.command == "info":
         return _info(args)
     if args.command == "view":

@@ -478,7 +478,31 @@ class EigenmodeTrainer:
                 "scheduler": self.scheduler.state_dict(), "epoch": self.epoch, "history": self.history,
                 "train_seconds": self.train_seconds, "generator": self.generator.get_state(),
                 "stopped_early": self.stopped_early, "polished": self.polished, "polish_info": self.polish_info,
-                "init_info": self.init_info}
+                "init_info": self.init_info, "flow_cache": self._cache_state()}
+
+    def _cache_state(self) -> dict:
+        # the Newton solve of the next step starts from the cached trajectory: without it a resumed
+        # run converges to a (slightly) different root and drifts from the uninterrupted one
+        c = self.cache
+        return {"X": None if c.X is None else c.X.cpu(), "J_plant": None if c.J_plant is None else c.J_plant.cpu(),
+                "key": None if c.key is None else tuple(str(k) if isinstance(k, torch.device) else k for k in c.key),
+                "stats": list(c.stats)}
+
+    def _load_cache_state(self, state: dict | None) -> None:
+        self.cache.clear()
+        self.cache.stats = []
+        if not state:
+            return
+        self.cache.stats = list(state.get("stats", []))
+        key = state.get("key")
+        if key is None or state.get("X") is None or state.get("J_plant") is None:
+            return
+        key = tuple(torch.device(k) if i == 4 else k for i, k in enumerate(key))
+        if key[4].type != torch.device(self.system.device).type:
+            return  # trained elsewhere: the next solve starts afresh, as the key would not match anyway
+        self.cache.key = key
+        self.cache.X = state["X"].to(key[4])
+        self.cache.J_plant = state["J_plant"].to(key[4])
 
     def load_state_dict(self, state: dict) -> None:
         self.system.potential.load_state_dict(state["potential"])
@@ -494,7 +518,7 @@ class EigenmodeTrainer:
         self.polished = bool(state.get("polished", False))
         self.polish_info = dict(state.get("polish_info", {}))
         self.init_info = dict(state.get("init_info", {}))
-        self.cache.clear()
+        self._load_cache_state(state.get("flow_cache"))
 
     def save(self) -> None:
         os.makedirs(self.out, exist_ok=True)
@@ -517,10 +541,21 @@ class EigenmodeTrainer:
     @classmethod
     def load(cls, out: str, **overrides) -> EigenmodeTrainer:
         """The trainer saved in ``out`` (config overrides: e.g. more ``epochs`` to resume further)."""
-        state = torch.load(os.path.join(out, "checkpoint.pt"), map_location="cpu", weights_only=False)
-        cfg = EigenmodeConfig.from_dict(state["config"]).replace(**overrides)
+        from ..cli_checks import CheckpointError, brief, load_checkpoint
+
+        path = os.path.join(out, "checkpoint.pt")
+        state = load_checkpoint(path, keys=("config", "potential", "period", "optimizer", "scheduler", "epoch",
+                                            "history", "train_seconds", "generator"), what="eigenmode checkpoint")
+        try:
+            cfg = EigenmodeConfig.from_dict(state["config"]).replace(**overrides)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise CheckpointError(f"{path}: the checkpoint's configuration is not an eigenmode config ({exc})") \
+                from None
         tr = cls(cfg, out)
-        tr.load_state_dict(state)
+        try:
+            tr.load_state_dict(state)
+        except (RuntimeError, TypeError, ValueError, KeyError) as exc:
+            raise CheckpointError(f"{path}: the checkpoint does not match its configuration ({brief(exc)})") from None
         return tr
 
 

@@ -68,12 +68,23 @@ def config_overrides(args: argparse.Namespace) -> dict:
 
 
 # ---------------------------------------------------------------------------- learn
+# the files a 'learn' run writes (removed by --overwrite; the first two mark a folder that holds a run)
+RUN_FILES = ("checkpoint.pt", "metrics.json", "history.csv", "config.json", "trajectory.csv", "training.png",
+             "mode.png", "potential.png", "control.png", "mode.gif", "report.md")
+
+
 def learn(args: argparse.Namespace) -> dict:
+    from ..cli_checks import prepare_run_folder
+
     t0 = time.perf_counter()
     out = args.out
     ov = config_overrides(args)
     ckpt = os.path.join(out, "checkpoint.pt")
-    if args.resume and os.path.exists(ckpt):
+    resume = bool(getattr(args, "resume", False))
+    # a finished or interrupted run is never replaced silently: --resume continues it, --overwrite replaces it
+    prepare_run_folder(out, markers=("checkpoint.pt", "metrics.json"), remove=RUN_FILES, resume=resume,
+                       overwrite=bool(getattr(args, "overwrite", False)))
+    if resume and os.path.exists(ckpt):
         trainer = EigenmodeTrainer.load(out, **ov)
     else:
         trainer = EigenmodeTrainer(get_config(args.config, **ov), out)
@@ -192,8 +203,12 @@ def stabilize(args: argparse.Namespace) -> dict:
     t_start = time.perf_counter()
     out = args.dir
     mpath = os.path.join(out, "metrics.json")
+    from ..cli_checks import RunFolderError, check_existing_folder, check_out_folder
+
+    check_existing_folder(out, "run folder")
+    check_out_folder(out, "run folder")  # its results are written into it
     if not os.path.exists(os.path.join(out, "checkpoint.pt")):
-        raise FileNotFoundError(f"{out}: no checkpoint.pt (run 'diffmech eigenmode learn --out {out}' first)")
+        raise RunFolderError(f"{out}: no checkpoint.pt (run 'diffmech eigenmode learn --out {out}' first)")
     trainer = EigenmodeTrainer.load(out)
     cfg = trainer.cfg
     system = as_float64(trainer.system)
@@ -387,11 +402,19 @@ def format_metrics(m: dict, *, stabilize: bool = False) -> str:
 
 
 def report(out: str) -> str:
+    from ..cli_checks import CheckpointError, RunFolderError, check_existing_folder
+
+    check_existing_folder(out, "run folder")
     path = os.path.join(out, "metrics.json")
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{out}: no metrics.json (run 'diffmech eigenmode learn --out {out}')")
-    with open(path) as f:
-        m = json.load(f)
+        raise RunFolderError(f"{out}: no metrics.json (run 'diffmech eigenmode learn --out {out}')")
+    try:
+        with open(path) as f:
+            m = json.load(f)
+        if not isinstance(m, dict) or "config" not in m or "period" not in m:
+            raise ValueError("not the metrics of an 'eigenmode learn' run")
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: cannot read the run's metrics ({exc})") from None
     ha = m.get("high_accuracy", {})
     lines = [f"# Eigenmode run `{out}` (config {m['config']})", "",
              *([f"**{m['note']}.**", ""] if m.get("note") else []),

@@ -20,10 +20,18 @@ during the step that produced ``obs[:, k]``. States are ``(q, v)`` in the system
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 import struct
+import tempfile
+import threading
+import warnings
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,13 +40,23 @@ import scipy.integrate
 import torch
 from torch import Tensor
 
-from ..errors import ModelError, SimulationError
+from ..errors import DiffmechError, ModelError, SimulationError
 from .systems import System, get_system
 
 __all__ = [
     "Trajectories", "SymoDataset", "gym_np_random", "rk45_step_batched", "simulate", "make_dataset",
-    "load_dataset", "step_samples", "StepSamples", "cache_dir",
+    "load_dataset", "step_samples", "StepSamples", "cache_dir", "DatasetFileError", "DataCacheWarning",
 ]
+
+
+class DatasetFileError(DiffmechError):
+    """A data-set file that is truncated, corrupt or fails its checksum (the message names it)."""
+
+
+class DataCacheWarning(UserWarning):
+    """The symo data-set cache could not be used as configured (a corrupt file rebuilt, or a read-only
+    or full directory replaced by a private temporary one); results are unaffected, only the time to
+    generate the data is paid again."""
 
 # SciPy's RK45 (Dormand-Prince 5(4)) and its step-size controller constants (scipy.integrate._ivp.rk).
 _RK = scipy.integrate.RK45
@@ -231,19 +249,72 @@ class SymoDataset:
     meta: dict
 
     def save(self, path) -> None:
-        arrays = {f"{split}_{k}": getattr(getattr(self, split), k)
+        """Write the data set to ``path`` (``.npz``) atomically: a unique temporary file in the same
+        folder, renamed into place, so that concurrent writers and readers never see a partial file;
+        the temporary file is removed when the write fails (``OSError`` propagates)."""
+        path = Path(path)
+        arrays = {f"{split}_{k}": np.ascontiguousarray(getattr(getattr(self, split), k))
                   for split in ("train", "test", "integration") for k in ("x0", "obs", "u")}
-        tmp = f"{path}.tmp.npz"
-        np.savez_compressed(tmp, meta=json.dumps({"system": self.system, "h": self.h, **self.meta}), **arrays)
-        os.replace(tmp, path)
+        meta = json.dumps({"system": self.system, "h": self.h, **self.meta})
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".part", dir=path.parent)
+        os.close(fd)
+        try:
+            with open(tmp, "wb") as f:
+                np.savez_compressed(f, meta=meta, checksum=_checksum(meta, arrays), **arrays)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+
+_SPLIT_KEYS = tuple(f"{s}_{k}" for s in ("train", "test", "integration") for k in ("x0", "obs", "u"))
+
+
+def _checksum(meta: str, arrays: dict) -> str:
+    """SHA-256 of the metadata and of every array's name, dtype, shape and bytes (zip's CRC covers
+    only what is read, and not a file whose end is missing)."""
+    h = hashlib.sha256(meta.encode())
+    for k in sorted(arrays):
+        a = np.ascontiguousarray(arrays[k])
+        h.update(f"\0{k}\0{a.dtype.str}\0{a.shape}\0".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
 
 
 def load_dataset(path) -> SymoDataset:
-    """Read a data set written by :meth:`SymoDataset.save`."""
-    with np.load(path) as z:
-        meta = json.loads(str(z["meta"]))
-        splits = {s: Trajectories(z[f"{s}_x0"], z[f"{s}_obs"], z[f"{s}_u"]) for s in ("train", "test", "integration")}
-    return SymoDataset(meta.pop("system"), float(meta.pop("h")), meta=meta, **splits)
+    """Read a data set written by :meth:`SymoDataset.save`, its checksum verified.
+
+    Raises:
+        DatasetFileError: the file is truncated, corrupt, fails its checksum or lacks an entry
+            (files written before checksums existed are read without one).
+    """
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            names = set(z.files)
+            missing = [k for k in ("meta", *_SPLIT_KEYS) if k not in names]
+            if missing:
+                raise DatasetFileError(f"{path}: not a symo data set (lacks {', '.join(missing)})")
+            meta_s = str(z["meta"])
+            arrays = {k: z[k] for k in _SPLIT_KEYS}
+            stored = str(z["checksum"]) if "checksum" in names else None
+    except DatasetFileError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, KeyError) as exc:
+        raise DatasetFileError(f"{path}: unreadable data set ({type(exc).__name__}: {exc}); the file is truncated "
+                               "or corrupt") from None
+    if stored is not None and stored != _checksum(meta_s, arrays):
+        raise DatasetFileError(f"{path}: the data set fails its checksum (altered or corrupt)")
+    try:
+        meta = json.loads(meta_s)
+        system, h = meta.pop("system"), float(meta.pop("h"))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise DatasetFileError(f"{path}: the data set's metadata is unreadable ({exc})") from None
+    splits = {s: Trajectories(arrays[f"{s}_x0"], arrays[f"{s}_obs"], arrays[f"{s}_u"])
+              for s in ("train", "test", "integration")}
+    return SymoDataset(system, h, meta=meta, **splits)
 
 
 def _draw_reset(system: System, rng) -> np.ndarray:
@@ -305,9 +376,75 @@ def _make_split(system: System, seed: int, n: int, n_steps: int, h: float, const
 
 
 def cache_dir() -> Path:
-    """``$DIFFMECH_CACHE_DIR/symo`` or ``~/.cache/diffmech/symo``."""
-    root = os.environ.get("DIFFMECH_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "diffmech")
-    return Path(root) / "symo"
+    """``$DIFFMECH_CACHE_DIR/symo``, else ``$XDG_CACHE_HOME/diffmech/symo``, else ``~/.cache/diffmech/symo``
+    (the kernel store's base directory)."""
+    env = os.environ.get("DIFFMECH_CACHE_DIR")
+    if env:
+        root = os.path.expanduser(env)
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        root = os.path.join(xdg, "diffmech") if xdg and os.path.isabs(xdg) else \
+            os.path.join(os.path.expanduser("~"), ".cache", "diffmech")
+    return Path(os.path.abspath(root)) / "symo"
+
+
+# Where the cache directory cannot be written (read-only, full, a file in the way), this process
+# keeps its data sets in a private temporary directory, removed at exit, and warns once per place.
+_CACHE_LOCK = threading.Lock()
+_FALLBACK: list[Path] = []
+_WARNED: set[str] = set()
+
+
+def _warn_once(what: str, message: str) -> None:
+    with _CACHE_LOCK:
+        if what in _WARNED:
+            return
+        _WARNED.add(what)
+    warnings.warn(message, DataCacheWarning, stacklevel=3)
+
+
+def _fallback_dir() -> Path:
+    with _CACHE_LOCK:
+        if not _FALLBACK or not _FALLBACK[0].is_dir():
+            tmp = Path(tempfile.mkdtemp(prefix="diffmech-symo-"))
+            _FALLBACK[:] = [tmp]
+            atexit.register(_remove_fallback, tmp, os.getpid())
+        return _FALLBACK[0]
+
+
+def _remove_fallback(path: Path, pid: int) -> None:
+    if os.getpid() == pid:  # not from a forked child that inherited the exit handler
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _cached(path: Path) -> SymoDataset | None:
+    """The data set stored at ``path`` (or in this process's fallback directory), ``None`` when absent;
+    a corrupt file is reported once and treated as absent (the caller rebuilds and replaces it)."""
+    places = [path] + ([_FALLBACK[0] / path.name] if _FALLBACK else [])
+    for p in places:
+        if not p.is_file():
+            continue
+        try:
+            return load_dataset(p)
+        except DatasetFileError as exc:
+            _warn_once(f"corrupt:{p}", f"symo data cache: {exc}; generating the data set again and replacing it")
+    return None
+
+
+def _store(ds: SymoDataset, path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        ds.save(path)
+        return
+    except OSError as err:
+        why = err.strerror or str(err)
+    tmp = _fallback_dir()
+    _warn_once(f"dir:{path.parent}", f"symo data cache {path.parent} not used ({why}); this process keeps its data "
+               f"sets in {tmp}. Set $DIFFMECH_CACHE_DIR to a writable directory to keep them between runs.")
+    try:
+        ds.save(tmp / path.name)
+    except OSError:
+        pass  # not even the temporary directory: the data set is used without being stored
 
 
 def make_dataset(system: str | System, h: float | None = None, *, seed: int = 0, int_seed: int = 1,
@@ -351,16 +488,16 @@ def make_dataset(system: str | System, h: float | None = None, *, seed: int = 0,
         folder = cache_dir() if cache is True else Path(cache)
         digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
         path = folder / f"{sys_.name}_h{h:g}_{digest}.npz"
-        if path.exists():
-            return load_dataset(path)
+        found = _cached(path)
+        if found is not None:
+            return found
     full = _make_split(sys_, seed, n_samples, n_steps, h, True, rtol, atol, engine, rng, legacy)
     split = int(n_samples * test_split)
     train, test = full.take(slice(0, n_samples - split)), full.take(slice(n_samples - split, n_samples))
     integ = _make_split(sys_, int_seed, n_int, int_steps, h, False, rtol, atol, engine, rng, legacy)
     ds = SymoDataset(sys_.name, h, train, test, integ, meta={k: v for k, v in key.items() if k not in ("system", "h")})
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        ds.save(path)
+        _store(ds, path)
     return ds
 
 

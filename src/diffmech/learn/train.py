@@ -240,7 +240,7 @@ def _write_history(history: list[dict], path: Path) -> None:
 
 
 def _check_config(cfg: TrainConfig, path: Path) -> None:
-    old = json.loads(path.read_text())
+    old = dataclasses.asdict(_read_run_config(path))
     new = cfg.to_json()
     diff = {k for k in set(old) | set(new) if k not in _RESUMABLE and old.get(k) != new.get(k)}
     if diff:
@@ -274,6 +274,15 @@ def run(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: bo
     _write_json(cfg.to_json(), cfg_path)
 
     system, model = _build(cfg)
+    ck = {}
+    if resume and ckpt_path.exists():
+        from ..cli_checks import CheckpointError, load_checkpoint
+
+        # read before the data set is generated (minutes): a bad checkpoint is named at once
+        ck = load_checkpoint(ckpt_path, keys=("model", "optimizer", "scheduler", "generator", "torch_rng", "history",
+                                              "epoch", "wall_s", "train_s"),
+                             what="symo checkpoint", map_location=cfg.device)
+        _load_model_state(model, ck["model"], ckpt_path)
     ds = _data(cfg)
     dt = _dtype(cfg.dtype)
     train_b = step_samples(ds.train.take(slice(0, cfg.n_ics)), system.n, dtype=dt, device=cfg.device)
@@ -285,14 +294,15 @@ def run(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: bo
     history: list[dict] = []
     start, wall_prev, train_s_prev, cpu_prev = 0, 0.0, 0.0, 0.0
     last_train_pose = None
-    ck = {}
-    if resume and ckpt_path.exists():
-        ck = torch.load(ckpt_path, map_location=cfg.device, weights_only=False)
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
-        sched.load_state_dict(ck["scheduler"])
-        gen.set_state(ck["generator"])
-        torch.set_rng_state(ck["torch_rng"])
+    if ck:
+        try:
+            opt.load_state_dict(ck["optimizer"])
+            sched.load_state_dict(ck["scheduler"])
+            gen.set_state(ck["generator"])
+            torch.set_rng_state(ck["torch_rng"])
+        except (RuntimeError, KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{ckpt_path}: the checkpoint's optimiser or RNG state does not fit this run "
+                                  f"({exc})") from None
         history, start = ck["history"], ck["epoch"]
         # checkpoints of older code lack cpu_s: the run's CPU time is then unknown, not this session's alone
         wall_prev, train_s_prev, cpu_prev = ck["wall_s"], ck["train_s"], ck.get("cpu_s")
@@ -446,13 +456,45 @@ def evaluate_run(model, cfg: TrainConfig, system, ds, train_b, test_b, out: Path
     return metrics
 
 
+def _read_run_config(path: Path) -> TrainConfig:
+    from ..cli_checks import CheckpointError
+
+    try:
+        cfg_d = json.loads(path.read_text())
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read the run's configuration ({exc.strerror or exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: not a run configuration (invalid JSON: {exc})") from None
+    if not isinstance(cfg_d, dict):
+        raise CheckpointError(f"{path}: not a run configuration (a JSON {type(cfg_d).__name__}, not an object)")
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(cfg_d) - known)
+    if unknown:
+        raise CheckpointError(f"{path}: not a 'diffmech symo' run configuration (unknown fields {unknown})")
+    try:
+        return TrainConfig(**cfg_d).resolved()
+    except (DiffmechError, KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: not a usable run configuration ({type(exc).__name__}: {exc})") from None
+
+
+def _load_model_state(model, state, path: Path) -> None:
+    from ..cli_checks import CheckpointError, brief
+
+    try:
+        model.load_state_dict(state)
+    except (RuntimeError, KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: the checkpoint's model does not match the run's config.json "
+                              f"({brief(exc)})") from None
+
+
 def load_run_model(out: str | Path):
     """``(config, system, model)`` of a run folder, the model loaded from its checkpoint."""
+    from ..cli_checks import load_checkpoint
+
     out = Path(out)
-    cfg_d = json.loads((out / "config.json").read_text())
-    cfg = TrainConfig(**cfg_d)
+    cfg = _read_run_config(out / "config.json")
     system, model = _build(cfg)
-    ck = torch.load(out / "checkpoint.pt", map_location=cfg.device, weights_only=False)
-    model.load_state_dict(ck["model"])
+    ck = load_checkpoint(out / "checkpoint.pt", keys=("model",), what="symo checkpoint", map_location=cfg.device)
+    _load_model_state(model, ck["model"], out / "checkpoint.pt")
     model.eval()
     return cfg, system, model
