@@ -6,10 +6,11 @@ must be differentiable w.r.t. the geometry -- and
 returns a :class:`Candidates` of ``k`` fixed candidate points per batch element: the signed
 distance ``phi (B, k)`` (m, negative in penetration), the contact point ``point (B, k, 3)`` (world,
 halfway between the two surfaces) and the unit normal ``normal (B, k, 3)`` pointing from the
-second shape to the first (the first shape is pushed along ``+normal``). The candidate set of a
-pair is fixed (box: its 8 corners; capsule: its two end spheres and the closest pair of axis
-points), so everything is differentiable w.r.t. the poses while the set of touching candidates
-stays the same; the solver gives zero force to candidates that do not touch.
+second shape to the first (the first shape is pushed along ``+normal``). The number of candidates
+of a pair is fixed (box on the ground: its 8 corners; capsule: its two end spheres and the closest
+pair of axis points; box on box: the 8 slots of a clipped contact polygon), so everything is
+differentiable w.r.t. the poses while the set of touching candidates stays the same; the solver
+gives zero force to candidates that do not touch, and a slot a pose does not use has ``phi`` = 1 km.
 """
 
 from __future__ import annotations
@@ -42,6 +43,26 @@ def _vec(size, like: Tensor) -> Tensor:
     if isinstance(size, Tensor):
         return size.to(dtype=like.dtype, device=like.device)
     return torch.tensor(size, dtype=like.dtype, device=like.device)
+
+
+def _largest(*sizes) -> float:
+    """The largest dimension of some shapes (a scale for tolerances; no gradient flows through it)."""
+    return max(float(x.detach() if isinstance(x, Tensor) else x) for size in sizes for x in size)
+
+
+def _col(R: Tensor, k: Tensor) -> Tensor:
+    """Column ``k (B,)`` of ``R (B, 3, 3)`` (a box's axis in the world), ``(B, 3)``."""
+    return R.gather(2, k[:, None, None].expand(-1, 3, 1))[..., 0]
+
+
+def _at(h: Tensor, k: Tensor) -> Tensor:
+    """Entry ``k (B,)`` of each row of ``h (B, 3)``, ``(B,)``."""
+    return h.gather(1, k[:, None])[:, 0]
+
+
+def _sign(x: Tensor) -> Tensor:
+    """+-1, +1 at zero (a side must be picked even where both are equally good)."""
+    return torch.where(x < 0, -1.0, 1.0).to(x.dtype)
 
 
 def _corners(R: Tensor, p: Tensor, size) -> Tensor:
@@ -236,8 +257,12 @@ def _segment_box_argmin(a: Tensor, b: Tensor, R: Tensor, p: Tensor, size) -> Ten
 
 
 def capsule_box(Ra: Tensor, pa: Tensor, sa, R: Tensor, p: Tensor, size) -> Candidates:
-    """The capsule's two end spheres and its axis point nearest the box (least signed distance),
-    against the box."""
+    """Five candidates against the box: the capsule's two end spheres, its axis point nearest the
+    box (least signed distance), and the ends of the axis clipped to the side planes of the box
+    face that point faces (so that a capsule lying across a face narrower than it, both ends
+    overhanging, rests on the face's two edges, not on one point it rocks about). A clipped end
+    that is no clipping (the segment's end is over the face: the end sphere is that candidate) or
+    within 1e-6 of the size of the nearest axis point is unused (``phi`` = 1 km)."""
     a, b = _segment(Ra, pa, sa[1])
     # Fix (issue 34): the third candidate was the axis point nearest the box *centre*, which is not
     # the axis point nearest the box's surface: a capsule across a box's edge or corner went up to
@@ -246,46 +271,226 @@ def capsule_box(Ra: Tensor, pa: Tensor, sa, R: Tensor, p: Tensor, size) -> Candi
     c = torch.stack([a, b, a + t[:, None] * (b - a)], 1)
     phi, n = point_box(c, R, p, size)
     phi = phi - sa[0]
-    return Candidates(phi, c - (sa[0] + 0.5 * phi)[..., None] * n, n)
+    face, s = _nearest_face(c[:, 2], R, p, size)
+    tc, valid = _segment_face_clip(a, b, t, face, R, p, size)
+    # unused parameters may be +-1e30 (no side plane crosses the segment): kept on the segment so
+    # that every point stays finite in the broad phase's arithmetic, float32 included
+    x = a[:, None] + tc.clamp(0.0, 1.0)[..., None] * (b - a)[:, None]  # (B, 2, 3)
+    # measured along the face's normal: exact where the axis is above the face (the clipped point
+    # is over it), and a depth along the normal, not to a side face, where it dips below
+    nf = s[:, None] * _col(R, face)
+    hf = _at((_vec(size, a) * 0.5).expand(a.shape[0], 3), face)
+    phi_c = ((x - p[:, None]) * nf[:, None]).sum(-1) - hf[:, None] - sa[0]
+    phi = torch.cat([phi, phi_c], 1)
+    n = torch.cat([n, nf[:, None].expand(-1, 2, 3)], 1)
+    point = torch.cat([c, x], 1) - (sa[0] + 0.5 * phi)[..., None] * n
+    phi = torch.cat([phi[:, :3], torch.where(valid, phi_c, torch.full_like(phi_c, 1e3))], 1)
+    return Candidates(phi, point, n)
 
 
-def _half_extent(R: Tensor, size, n: Tensor) -> Tensor:
-    """Half the width of a box along unit directions ``n (B, ..., 3)``."""
-    h = _vec(size, n) * 0.5
-    shape = n.shape
-    Rb = R.reshape(R.shape[0], *([1] * (n.dim() - 2)), 3, 3)
-    return ((n[..., None, :] @ Rb)[..., 0, :].abs() * h).sum(-1).reshape(shape[:-1])
+def _nearest_face(x: Tensor, R: Tensor, p: Tensor, size) -> tuple[Tensor, Tensor]:
+    """The face of the box a point ``x (B, 3)`` is furthest out of (or least deep below): its axis
+    ``(B,)`` and side ``(B,)`` (+-1), chosen without the graph."""
+    with torch.no_grad():
+        loc = ((x - p)[:, None] @ R)[:, 0]
+        face = (loc.abs() - _vec(size, x).detach() * 0.5).argmax(1)
+        return face, _sign(loc.gather(1, face[:, None])[:, 0])
+
+
+def _segment_face_clip(a: Tensor, b: Tensor, t: Tensor, face: Tensor, R: Tensor, p: Tensor,
+                       size) -> tuple[Tensor, Tensor]:
+    """The parameters ``(B, 2)`` where segment ``[a, b]`` enters and leaves the slab of the box's
+    face with axis ``face (B,)`` (the face's side planes; the face plane itself not), and
+    whether each is a candidate: strictly inside the segment (an end is a candidate already), the
+    entry before the exit, and not within 1e-6 of the box's size of the point at ``t`` (or of each
+    other): near-duplicated contact rows only slow the solver. Each parameter is a closed form of
+    the poses (which plane clips is chosen without the graph)."""
+    B = a.shape[0]
+    h = (_vec(size, a) * 0.5).expand(B, 3)
+    la = ((a - p)[:, None] @ R)[:, 0]
+    d = ((b - a)[:, None] @ R)[:, 0]
+    with torch.no_grad():
+        normal_axis = torch.nn.functional.one_hot(face, 3).bool()
+        parallel = d.abs() <= 1e-12  # to a side plane: that plane does not clip
+        free = normal_axis | parallel
+    den = torch.where(free, torch.ones_like(d), d)
+    r1, r2 = (-h - la) / den, (h - la) / den
+    big = torch.full_like(d, 1e30)
+    lo = torch.where(free, -big, torch.minimum(r1, r2)).max(1).values
+    hi = torch.where(free, big, torch.maximum(r1, r2)).min(1).values
+    tc = torch.stack([lo, hi], 1)
+    with torch.no_grad():
+        # ... unless the segment lies outside it: then it never enters the slab
+        outside = (parallel & ~normal_axis & (la.abs() > h)).any(1)
+        length = (b - a).norm(dim=-1)
+        gap = 1e-6 * _largest(size) / length.clamp_min(1e-30)
+        valid = (tc > 0) & (tc < 1) & (lo < hi)[:, None] & ~outside[:, None]
+        valid &= (tc - t[:, None]).abs() > gap[:, None]
+        valid[:, 1] &= (hi - lo) > gap
+    return tc, valid
+
+
+def _clip_half(poly: Tensor, count: Tensor, axis: int, s: float, bound: Tensor) -> tuple[Tensor, Tensor]:
+    """One step of Sutherland-Hodgman: the convex polygon ``poly (B, M, 3)`` (its first ``count``
+    vertices, in order) cut by the half-space ``s x[axis] <= bound``, as ``(B, M + 1, 3)`` and its
+    new count. Fixed size so that a batch is clipped at once: each vertex contributes itself if
+    inside and the crossing of its outgoing edge if that edge changes sides, then the kept slots are
+    moved to the front in polygon order. Which slots are kept is decided without the graph; a
+    crossing is a closed form of its edge's end points, so the clipped polygon is differentiable
+    where no vertex sits on the boundary."""
+    B, M, _ = poly.shape
+    slot = torch.arange(M, device=poly.device)
+    nxt = torch.where(slot + 1 < count[:, None], slot + 1, 0)
+    nxt_v = poly.gather(1, nxt[..., None].expand(-1, -1, 3))
+    dp = s * poly[..., axis] - bound[:, None]
+    dq = s * nxt_v[..., axis] - bound[:, None]
+    with torch.no_grad():
+        valid = slot < count[:, None]
+        keep = valid & (dp <= 0)
+        # strictly on both sides: a vertex on the boundary is kept and makes no second point there
+        cross = valid & (((dp < 0) & (dq > 0)) | ((dp > 0) & (dq < 0)))
+    den = torch.where(cross, dp - dq, torch.ones_like(dp))
+    t = torch.where(cross, dp / den, torch.zeros_like(dp))
+    out = torch.stack([poly, poly + t[..., None] * (nxt_v - poly)], 2).reshape(B, 2 * M, 3)
+    with torch.no_grad():
+        ok = torch.stack([keep, cross], 2).reshape(B, 2 * M)
+        order = torch.sort((~ok).to(torch.int8), dim=1, stable=True).indices[:, :M + 1]
+        # a convex polygon gains at most one vertex per cut (the clamp guards against rounding)
+        count = ok.sum(1).clamp_max(M + 1)
+    return out.gather(1, order[..., None].expand(-1, -1, 3)), count
+
+
+def _box_face_contacts(Rr, pr, hr, k, n_out, Ri, pi, hi, tol: float, merge: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The contact polygon of a reference face (box ``Rr, pr, hr``, face axis ``k (B,)``, outward
+    unit normal ``n_out (B, 3)`` towards the other box) and the incident face of box ``Ri, pi, hi``
+    (the face most opposed to ``n_out``): the incident face clipped to the reference face's side
+    planes (widened by ``tol``, so that a vertex on a side -- equal boxes stacked -- is one point,
+    not a vertex and a crossing a rounding error apart). Returns, per clipped vertex (8 slots),
+    its height ``w (B, 8)`` above the reference face's plane, its world point projected halfway to
+    that plane ``(B, 8, 3)`` and a validity mask; vertices within ``merge`` of the previous one are
+    invalid (near-duplicated contact rows only slow the solver)."""
+    B = pr.shape[0]
+    k1, k2 = (k + 1) % 3, (k + 2) % 3
+    t1, t2 = _col(Rr, k1), _col(Rr, k2)
+    c_ref = pr + _at(hr, k)[:, None] * n_out
+    with torch.no_grad():
+        dots = (n_out[:, None] @ Ri)[:, 0]  # (B, 3)
+        m = dots.abs().argmax(1)
+        sm = -_sign(dots.gather(1, m[:, None])[:, 0])
+    m1, m2 = (m + 1) % 3, (m + 2) % 3
+    c_inc = pi + (sm * _at(hi, m))[:, None] * _col(Ri, m)
+    e1, e2 = _at(hi, m1)[:, None] * _col(Ri, m1), _at(hi, m2)[:, None] * _col(Ri, m2)
+    verts = torch.stack([c_inc + e1 + e2, c_inc - e1 + e2, c_inc - e1 - e2, c_inc + e1 - e2], 1)
+    frame = torch.stack([t1, t2, n_out], -1)  # columns: the reference face's (u, v, w) axes
+    poly = (verts - c_ref[:, None]) @ frame
+    count = torch.full((B,), 4, dtype=torch.long, device=pr.device)
+    lims = torch.stack([_at(hr, k1), _at(hr, k2)], 1) + tol
+    # the common resting case (a smaller box on a larger one, stacked equal boxes): the incident
+    # face inside the reference face needs no clipping; one test instead of four cuts
+    if not bool((poly[..., :2].detach().abs() <= lims[:, None].detach()).all()):
+        for axis in (0, 1):
+            for s in (1.0, -1.0):
+                poly, count = _clip_half(poly, count, axis, s, lims[:, axis])
+    with torch.no_grad():
+        slot = torch.arange(poly.shape[1], device=pr.device)
+        valid = slot < count[:, None]
+        last = (count - 1).clamp_min(0)
+        gap_prev = (poly[:, 1:] - poly[:, :-1]).norm(dim=-1) < merge
+        gap_first = (poly.gather(1, last[:, None, None].expand(-1, 1, 3))[:, 0] - poly[:, 0]).norm(dim=-1) < merge
+        drop = torch.cat([torch.zeros_like(gap_prev[:, :1]), gap_prev], 1)
+        drop = drop | ((slot == last[:, None]) & (gap_first & (last > 0))[:, None])
+        valid = valid & ~drop
+    u, v, w = poly.unbind(-1)
+    point = (c_ref[:, None] + u[..., None] * t1[:, None] + v[..., None] * t2[:, None]
+             + 0.5 * w[..., None] * n_out[:, None])
+    return w, point, valid
 
 
 def box_box(Ra: Tensor, pa: Tensor, sa, Rb: Tensor, pb: Tensor, sb) -> Candidates:
-    """Box against box (16 candidates, normal from b to a): the contact normal is the face axis of
-    either box with the least penetration (separating-axis test over the six face axes); the
-    candidates are each box's corners, their distance measured along that normal to the other
-    box's supporting face, and a corner whose footprint on that face falls outside the other box
-    is no candidate (its distance is set to 1 km). Face-face, face-edge and face-corner contacts
-    (resting, stacked, tipping boxes) are covered; edge-edge crossings are not. A corner of b
-    that coincides with a candidate corner of a is dropped (one contact, not two)."""
+    """Box against box (8 candidates, normal from b to a), as established engines do it: a
+    separating-axis test over the 15 axes (each box's 3 face normals and the 9 cross products of an
+    edge of a with an edge of b) picks the axis of least penetration (greatest separation).
+
+    * A face axis: the face of the other box most opposed to it (the incident face) is clipped to
+      the side planes of the axis's face (the reference face), Sutherland-Hodgman; the clipped
+      polygon's vertices (at most 8: corners of either face and crossings of their outlines) are
+      the candidates, each at its distance along the normal to the reference face's plane
+      (negative below it). Face-face, face-edge and face-corner contacts, a cube on a cube turned
+      45 degrees (an octagon of outline crossings) included.
+    * An edge axis, better than every face axis by more than rounding: one candidate, the closest
+      points of the two edges, at their separation along the axis.
+
+    Slots not used (clipped away, merged with a neighbour, or 1..7 for an edge contact) have
+    ``phi`` = 1 km, so the solver never sees them. Separated boxes get the same candidates with
+    ``phi > 0`` (speculative contacts); where no face axis separates them and their outlines do not
+    overlap along it (a corner next to a corner) there is none. The discrete choices (axis, faces,
+    clipping) are made without the graph; each candidate is a closed form of the poses and sizes."""
+    B = pa.shape[0]
+    ha = (_vec(sa, pa) * 0.5).expand(B, 3)
+    hb = (_vec(sb, pb) * 0.5).expand(B, 3)
+    scale = _largest(sa, sb)
+    eps = torch.finfo(pa.dtype).eps
+    # an edge axis along a face axis (boxes turned about a common axis: a's x cross b's x is the
+    # common z) separates exactly as far as that face: rounding must not pick the edge, nor flip
+    # between the two boxes' faces when they are parallel (b's face is the reference then)
+    tie = 64 * eps * scale
     d = pa - pb
-    axes = torch.cat([Ra.transpose(-1, -2), Rb.transpose(-1, -2)], 1)  # (B, 6, 3) rows = face axes
-    proj = (axes * d[:, None]).sum(-1)
-    axes = axes * torch.where(proj < 0, -1.0, 1.0)[..., None]
-    sep = proj.abs() - _half_extent(Ra, sa, axes) - _half_extent(Rb, sb, axes)
-    n = torch.gather(axes, 1, sep.argmax(1)[:, None, None].expand(-1, 1, 3))[:, 0]  # (B, 3)
-    top_b = (n * pb).sum(-1) + _half_extent(Rb, sb, n[:, None])[:, 0]
-    low_a = (n * pa).sum(-1) - _half_extent(Ra, sa, n[:, None])[:, 0]
-    ca, cb = _corners(Ra, pa, sa), _corners(Rb, pb, sb)
-    phi_a = (ca * n[:, None]).sum(-1) - top_b[:, None]
-    phi_b = low_a[:, None] - (cb * n[:, None]).sum(-1)
-    largest = max(float(x) for x in (*sa, *sb))
-    tol = 1e-3 * largest
     with torch.no_grad():
-        in_b = point_box(ca - phi_a[..., None] * n[:, None], Rb, pb, sb)[0] <= tol
-        in_a = point_box(cb + phi_b[..., None] * n[:, None], Ra, pa, sa)[0] <= tol
-        # a corner of b that meets a corner of a (aligned faces) is the same contact: keep one,
-        # since duplicated rows make the contact problem singular and slow the solver
-        same = (torch.cdist(cb, ca) <= 1e-6 * largest + tol) & in_b[:, None, :]
-        in_a = in_a & ~same.any(-1)
-    far = torch.full_like(phi_a, 1e3)
-    phi = torch.cat([torch.where(in_b, phi_a, far), torch.where(in_a, phi_b, far)], 1)
-    point = torch.cat([ca - 0.5 * phi_a[..., None] * n[:, None], cb + 0.5 * phi_b[..., None] * n[:, None]], 1)
-    return Candidates(phi, point, n[:, None].expand(-1, 16, 3))
+        A, Bx, dd, had, hbd = Ra.detach(), Rb.detach(), d.detach(), ha.detach(), hb.detach()
+        faces = torch.cat([A.transpose(-1, -2), Bx.transpose(-1, -2)], 1)  # (B, 6, 3)
+        cr = torch.linalg.cross(A.transpose(-1, -2)[:, :, None], Bx.transpose(-1, -2)[:, None], dim=-1).reshape(B, 9, 3)
+        crn = cr.norm(dim=-1)
+        ok = crn > eps ** 0.5  # parallel edges: their plane's normal is a face axis, tested already
+        axes = torch.cat([faces, cr / torch.where(ok, crn, torch.ones_like(crn))[..., None]], 1)
+        sep = ((axes @ dd[:, :, None])[..., 0].abs() - ((axes @ A).abs() * had[:, None]).sum(-1)
+               - ((axes @ Bx).abs() * hbd[:, None]).sum(-1))
+        sep_a, ka = sep[:, :3].max(1)
+        sep_b, kb = sep[:, 3:6].max(1)
+        sep_e, ke = sep[:, 6:].masked_fill(~ok, -torch.inf).max(1)
+        ref_a = sep_a > sep_b + tie
+        use_edge = sep_e > torch.maximum(sep_a, sep_b) + tie
+        k = torch.where(ref_a, ka, kb)
+        axis = torch.where(ref_a[:, None], _col(A, ka), _col(Bx, kb))
+        # the reference face's outward normal points to the other box
+        side = _sign((axis * dd).sum(-1)) * torch.where(ref_a, -1.0, 1.0).to(pa.dtype)
+    sel = ref_a[:, None]
+    Rr, Ri = torch.where(sel[..., None], Ra, Rb), torch.where(sel[..., None], Rb, Ra)
+    pr, pi = torch.where(sel, pa, pb), torch.where(sel, pb, pa)
+    hr, hi = torch.where(sel, ha, hb), torch.where(sel, hb, ha)
+    n_out = side[:, None] * _col(Rr, k)
+    # the reference face widened by 1e-9 of the size (or rounding, in float32): equal boxes stacked
+    # and drifting by rounding keep their 4 corners, unclipped
+    w, point, valid = _box_face_contacts(Rr, pr, hr, k, n_out, Ri, pi, hi, tol=max(tie, 1e-9 * scale),
+                                         merge=1e-6 * scale)
+    far = torch.full_like(w, 1e3)
+    phi = torch.where(valid, w, far)
+    normal = torch.where(sel, -n_out, n_out)[:, None].expand(-1, w.shape[1], 3)
+
+    # edge against edge: the pair of edges (one of a along axis i, one of b along axis j) that
+    # support the two boxes along u = a_i x b_j, and their closest points
+    if not bool(use_edge.any()):  # most calls: no edge contact in the batch, nothing to compute
+        return Candidates(phi, point, normal)
+    i, j = ke // 3, ke % 3
+    Ai, Bj = _col(Ra, i), _col(Rb, j)
+    c = torch.linalg.cross(Ai, Bj, dim=-1)
+    # the environments that do not use it get a unit denominator: a zero cross product there must
+    # not put a 0/0 into the graph
+    u = c / ((c * c).sum(-1) + (~use_edge).to(c.dtype)).sqrt()[:, None]
+    with torch.no_grad():
+        su = _sign((u * d).sum(-1))
+        ud = (u * su[:, None])[:, None]
+        ga = torch.where(torch.nn.functional.one_hot(i, 3).bool(), 0.0, -_sign((ud @ A)[:, 0])).to(pa.dtype)
+        gb = torch.where(torch.nn.functional.one_hot(j, 3).bool(), 0.0, _sign((ud @ Bx)[:, 0])).to(pa.dtype)
+    u = u * su[:, None]
+    ea = pa + (Ra @ (ga * ha)[..., None])[..., 0]  # the middle of a's supporting edge along -u
+    eb = pb + (Rb @ (gb * hb)[..., None])[..., 0]  # and of b's along +u
+    la, lb = _at(ha, i)[:, None] * Ai, _at(hb, j)[:, None] * Bj
+    xa, xb = closest_points_segments(ea - la, ea + la, eb - lb, eb + lb)
+    # every point of a's edge is at a's support along u (the edge is perpendicular to u): the
+    # separation along u, whether or not the closest points are inside the edges
+    phi_e = ((xa - xb) * u).sum(-1)
+    e = use_edge[:, None]
+    phi = torch.where(e, torch.cat([phi_e[:, None], far[:, 1:]], 1), phi)
+    point = torch.where(e[..., None], torch.cat([(0.5 * (xa + xb))[:, None], point[:, 1:]], 1), point)
+    normal = torch.where(e[..., None], u[:, None].expand_as(normal), normal)
+    return Candidates(phi, point, normal)
