@@ -282,7 +282,8 @@ def test_collision_shapes_from_urdf_and_set_by_hand():
     <collision><origin xyz="0 0 0.1"/><geometry><sphere radius="0.05"/></geometry></collision>
     <collision><geometry><box size="0.1 0.2 0.3"/></geometry></collision>
     <collision><geometry><mesh filename="x.stl"/></geometry></collision></link>
-    <link name="b"/><joint name="j" type="revolute"><parent link="a"/><child link="b"/><axis xyz="0 0 1"/>
+    <link name="b"><inertial><mass value="1"/><inertia ixx="1" iyy="1" izz="1" ixy="0" ixz="0" iyz="0"/></inertial>
+    </link><joint name="j" type="revolute"><parent link="a"/><child link="b"/><axis xyz="0 0 1"/>
     <limit lower="-1" upper="1" effort="1" velocity="1"/></joint></robot>"""
     robot = diffmech.load_urdf(urdf)
     with warnings.catch_warnings(record=True) as w:

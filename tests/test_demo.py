@@ -107,8 +107,11 @@ def test_demo_skips_robots_whose_package_is_missing(tmp_path, monkeypatch, capsy
     assert "skipped ghost" in capsys.readouterr().out
 
 
-GRIPPER_ARM = """<robot name="gripper_arm">
-  <link name="base"/><link name="l1"/><link name="l2"/><link name="hand"/><link name="left"/><link name="right"/>
+# massless links on moving joints are refused (docs/conventions.md, "Model validity"): the moving ones weigh
+_MASS = '<inertial><mass value="0.1"/><inertia ixx="1e-3" iyy="1e-3" izz="1e-3" ixy="0" ixz="0" iyz="0"/></inertial>'
+GRIPPER_ARM = f"""<robot name="gripper_arm">
+  <link name="base"/><link name="l1">{_MASS}</link><link name="l2">{_MASS}</link><link name="hand"/>
+  <link name="left">{_MASS}</link><link name="right">{_MASS}</link>
   <joint name="shoulder" type="revolute"><parent link="base"/><child link="l1"/><axis xyz="0 0 1"/>
     <limit lower="-1" upper="1"/></joint>
   <joint name="elbow" type="revolute"><parent link="l1"/><child link="l2"/><origin xyz="0.5 0 0"/>

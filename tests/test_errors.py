@@ -288,7 +288,9 @@ def test_inertia_not_finite_spec():
 
 
 def test_link_without_inertial_warns_with_its_name():
-    xml = GOOD.replace(link("hand"), link("hand", inertial=False))
+    # welded: a massless link on a moving joint is refused (tests/test_validation.py)
+    xml = robot_xml(link("shoulder"), link("forearm"), link("hand", inertial=False),
+                    joint("elbow_joint", "shoulder", "forearm"), joint("wrist_joint", "forearm", "hand", type="fixed"))
     with pytest.warns(UserWarning, match="'hand' has no <inertial>"):
         robot = diffmech.load_urdf(xml)
     assert float(robot.link_params("hand").mass) == 0.0

@@ -99,7 +99,9 @@ def load_urdf(
         gravity: (3,) world gravity, m/s^2.
 
     Raises:
-        URDFError / ModelError: naming the file and the offending link or joint.
+        URDFError / ModelError: naming the file, the offending link or joint and the value: a model
+            that loads is one that simulates (the rules: :mod:`diffmech.model.validate`,
+            ``docs/conventions.md``).
     """
     spec = _parse_urdf(path, stacklevel=3)  # a warning about the file points at the caller
     spec.gravity = tuple(float(g) for g in gravity)

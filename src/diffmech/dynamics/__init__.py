@@ -6,6 +6,7 @@ on for every method. The ``*_flat`` functions of the submodules are the pure cor
 ``(tree, model_tensors, flat state)``.
 """
 
+from ._common import check_finite_inputs
 from ._world import set_eager_frame
 from .aba import aba, forward_dynamics
 from .compiled import CompiledDynamics, compiled
@@ -17,5 +18,5 @@ from .rnea import bias_forces, generalized_gravity, inverse_dynamics, rnea
 __all__ = [
     "aba", "forward_dynamics", "rnea", "inverse_dynamics", "crba", "mass_matrix", "bias_forces",
     "generalized_gravity", "kinetic_energy", "potential_energy", "forward_kinematics", "link_pose", "jacobian",
-    "center_of_mass", "integrate", "compiled", "CompiledDynamics", "set_eager_frame",
+    "center_of_mass", "integrate", "compiled", "CompiledDynamics", "set_eager_frame", "check_finite_inputs",
 ]

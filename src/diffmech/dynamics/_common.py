@@ -17,6 +17,8 @@ tensors; the transposes happen once at the boundary.
 from __future__ import annotations
 
 import functools
+import math
+import os
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -71,6 +73,39 @@ def generalized_mass(tree: KinematicTree, M: Tensor) -> Tensor:
     return generalized_force(tree, generalized_force(tree, M, -1), -2)
 
 
+# float16 and bfloat16 have no LU or Cholesky on the CPU, and their three digits would not survive the
+# cancellations of the dynamics anyway.
+SUPPORTED_DTYPES = (torch.float32, torch.float64)
+
+# Opt-in (docs/conventions.md, "Inputs"): the dynamics propagate NaN by default, because a check costs
+# a host synchronisation on a GPU and, on the CPU, +60% of a native batch-1 call (the budget is 2%).
+_CHECK_FINITE = [os.environ.get("DIFFMECH_CHECK_FINITE", "0") not in ("", "0")]
+
+
+def check_finite_inputs(enabled: bool | None = None) -> bool:
+    """Whether the dynamics and kinematics functions raise :class:`~diffmech.errors.ShapeError` naming
+    the argument for a NaN or infinite input (default off, or ``$DIFFMECH_CHECK_FINITE=1``); with
+    ``enabled`` set it first. Off, non-finite inputs propagate to non-finite outputs."""
+    if enabled is not None:
+        _CHECK_FINITE[0] = bool(enabled)
+    return _CHECK_FINITE[0]
+
+
+def _raise_non_finite(model: RobotParameters, named: list, flat: list[Tensor]) -> None:
+    """Raise for the first of ``flat`` (the tensors of ``named``, in order) holding a NaN or inf."""
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        return  # no data-dependent branches in a graph
+    names = [n for n, t, _ in (x for x in named if x is not None) if t is not None]
+    for name, t in zip(names, flat):
+        if math.isfinite(float(t.detach().sum())):  # one reduction; a finite sum that overflows looks again
+            continue
+        ok = torch.isfinite(t.detach())
+        if not bool(ok.all()):
+            b, i = (int(x) for x in (~ok.reshape(ok.shape[0], -1)).nonzero()[0])
+            raise ShapeError(f"{model.name}: '{name}' is not finite: {float(t.detach().reshape(t.shape[0], -1)[b, i])} "
+                             f"at batch element {b}, entry {i} (diffmech.dynamics.check_finite_inputs is on)")
+
+
 def as_state(model: RobotParameters, named: list) -> tuple[list[Tensor], tuple[int, ...]]:
     """Validate and broadcast state tensors, then flatten their batch dimensions.
 
@@ -84,6 +119,8 @@ def as_state(model: RobotParameters, named: list) -> tuple[list[Tensor], tuple[i
     """
     fast = _as_state_flat(model, named)
     if fast is not None:
+        if _CHECK_FINITE[0]:
+            _raise_non_finite(model, named, fast[0])
         return fast
     named = [x for x in named if x is not None]
     tensors = [(n, t, (k,) if isinstance(k, int) else tuple(k)) for n, t, k in named if t is not None]
@@ -99,6 +136,9 @@ def as_state(model: RobotParameters, named: list) -> tuple[list[Tensor], tuple[i
                 raise ShapeError(f"{model.name}: '{name}' cannot be converted to a tensor: {e}") from None
         if not t.dtype.is_floating_point:
             raise ShapeError(f"{model.name}: '{name}' must be a floating-point tensor, got dtype {t.dtype}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise ShapeError(f"{model.name}: '{name}' has dtype {t.dtype}; diffmech computes in float32 or float64 "
+                             f"(convert with .float() or .double())")
         if t.dtype != dtype:
             raise ShapeError(
                 f"{model.name}: '{name}' has dtype {t.dtype} but '{tensors[0][0]}' has {dtype}; "
@@ -126,6 +166,8 @@ def as_state(model: RobotParameters, named: list) -> tuple[list[Tensor], tuple[i
     # Already-flat inputs pass through untouched (at batch 1 every skipped operator counts).
     flat = [t if len(batch) == 1 and t.shape == (*batch, *k) else t.expand(*batch, *k).reshape(-1, *k)
             for _, t, k in out]
+    if _CHECK_FINITE[0]:
+        _raise_non_finite(model, named, flat)
     return flat, tuple(batch)
 
 
@@ -143,7 +185,7 @@ def _as_state_flat(model: RobotParameters, named: list) -> tuple[list[Tensor], t
             return None
         if ref is None:
             ref = t
-            if not t.dtype.is_floating_point or t.device.type != model.device.type:
+            if (t.dtype is not torch.float64 and t.dtype is not torch.float32) or t.device.type != model.device.type:
                 return None
         elif t.dtype is not ref.dtype or t.device != ref.device:
             return None
@@ -453,6 +495,43 @@ def local_constants(tree: KinematicTree, mt: ModelTensors) -> LocalConstants:
     return per_model("local", (mt.body_I, mt.body_h, mt.body_mass, mt.p_tree), build)
 
 
+# ---------------------------------------------------------------- ball joints
+def joint_angles(tree: KinematicTree, qT: Tensor) -> Tensor:
+    """The angle (or displacement) of each one-DoF body, ``qT (nq, B) -> (nj, B)``; zero on the bodies
+    of ball joints, whose rotation :func:`ball_rotations` gives."""
+    if not tree.n_ball:
+        return qT[tree.q_joint_start:]
+    tb = tree.tables(qT.dtype, qT.device)
+    return torch.cat([qT, qT.new_zeros(1, qT.shape[1])]).index_select(0, tb.q_scalar)
+
+
+def ball_rotations(tree: KinematicTree, qT: Tensor) -> Tensor:
+    """The rotation of each ball joint's child frame in its joint frame, ``qT (nq, B) -> (n_ball, 3, 3, B)``
+    (quaternions normalised, as the floating base's)."""
+    tb = tree.tables(qT.dtype, qT.device)
+    B = qT.shape[1]
+    quat = qT.index_select(0, tb.ball_q).view(tree.n_ball, 4, B).transpose(0, 1).reshape(4, -1)
+    return quat_to_matrix_bl(quat).view(3, 3, tree.n_ball, B).permute(2, 0, 1, 3)
+
+
+def with_ball_rotations(tree: KinematicTree, mt: ModelTensors, qT: Tensor, R_loc: Tensor) -> Tensor:
+    """``R_loc (nj, 3, 3, B)`` with each ball joint's first body placed by ``R_tree R(quat)``."""
+    tb = tree.tables(qT.dtype, qT.device)
+    R_ball = mm(mt.A0.index_select(0, tb.ball_first), ball_rotations(tree, qT))
+    return R_loc.expand(-1, 3, 3, qT.shape[1]).index_copy(0, tb.ball_first, R_ball)
+
+
+def velocity_of_dofs(tree: KinematicTree, V: Tensor) -> Tensor:
+    """Per-body ``V (nb, ...)`` -> ``(nv, ...)``: for each DoF, the value of the body whose motion turns
+    its column (its own body; the last body of a ball joint). Without a floating base or ball
+    joints DoF ``d`` is body ``d``: ``V`` itself."""
+    if tree.n_ball:
+        return V.index_select(0, tree.tables(V.dtype, V.device).c_body)
+    if tree.nfree:
+        return V[tree.tables(V.dtype, V.device).dof_body]
+    return V
+
+
 # ---------------------------------------------------------------- the kinematic pass
 def body_placements(tree: KinematicTree, mt: ModelTensors, qT: Tensor, centered: bool = False
                     ) -> tuple[Tensor, Tensor]:
@@ -464,10 +543,12 @@ def body_placements(tree: KinematicTree, mt: ModelTensors, qT: Tensor, centered:
     :mod:`._local`). The kinematics of a fixed base shift by the constant placement of body 0's
     joint in the world.
     """
-    qj = qT[tree.q_joint_start:]  # (nj, B)
+    qj = joint_angles(tree, qT)  # (nj, B)
     s = qj.sin()[:, None, None]
     c1 = (1.0 - qj.cos())[:, None, None]
     R_loc = torch.addcmul(torch.addcmul(mt.A0, s, mt.A1), c1, mt.A2)  # (nj, 3, 3, B)
+    if tree.n_ball:
+        R_loc = with_ball_rotations(tree, mt, qT, R_loc)
     p_tree = local_constants(tree, mt).p_tree if centered else mt.p_tree
     # lin_dir is exactly zero on revolute joints, whatever the parameters.
     p_loc = torch.addcmul(p_tree, mt.lin_dir, qj[:, None]) if tree.any_prismatic else p_tree  # (nj, 3, B|1)
@@ -617,7 +698,7 @@ def velocity_terms(
     V = tree_sum(mask_bd, Sv)
     # Each column moves with its body: d/dt S_d = V_body(d) x S_d. Without a floating base, DoF d
     # is body d.
-    c = motion_cross(V[tree.tables(vT.dtype, vT.device).dof_body] if tree.nfree else V, Sv)
+    c = motion_cross(velocity_of_dofs(tree, V), Sv)
     bias = force_cross(V, inertia.apply(V))
     if f_ext is not None:
         bias = bias - external_body_forces(tree, ts, f_ext)
@@ -656,7 +737,7 @@ def gravity_acceleration(mt: ModelTensors) -> Tensor:
 
 def passive_forces(tree: KinematicTree, mt: ModelTensors, qT: Tensor, vT: Tensor) -> Tensor:
     """Joint damping and spring forces ``(nv, B)`` acting *on* the joints (zero on the base)."""
-    qj = qT[tree.q_joint_start:]
+    qj = joint_angles(tree, qT)
     vj = vT[tree.v_joint_start:]
     tj = -mt.damping[:, None] * vj - mt.stiffness[:, None] * (qj - mt.rest[:, None])
     if tree.nfree:
@@ -666,7 +747,7 @@ def passive_forces(tree: KinematicTree, mt: ModelTensors, qT: Tensor, vT: Tensor
 
 def add_passive(tree: KinematicTree, mt: ModelTensors, tauT: Tensor, qT: Tensor, vT: Tensor, sign: float) -> Tensor:
     """``tauT + sign * passive_forces(...)`` in fewer operations (``tauT (nv, B)``)."""
-    if tree.nfree:
+    if tree.nfree or tree.n_ball:
         return tauT + sign * passive_forces(tree, mt, qT, vT)
     # Fixed base: every coordinate is a joint's, so both products fuse into tau with no slicing.
     tauT = torch.addcmul(tauT, mt.damping[:, None], vT, value=-sign)

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from ..model.parameters import ModelTensors
 from ..model.tree import KinematicTree
-from ._common import TreeState, local_constants, per_model, quat_to_matrix_bl
+from ._common import TreeState, ball_rotations, joint_angles, local_constants, mm, per_model, quat_to_matrix_bl
 from ._local import external_forces
 from .threads import one_thread  # noqa: F401  (re-exported: the algorithms import it from here)
 
@@ -102,7 +102,8 @@ def _make_jacobian_tables(tree: KinematicTree, dtype: torch.dtype, device: torch
     return JacobianTables(
         dof=long([d for _, d in pairs]), desc=long([b for b, _ in pairs]), anc=long([db[d] for _, d in pairs]),
         pos=long([b * nv + d for b, d in pairs]),
-        dof_body=long(db) if tree.nfree else None,
+        # the body whose motion turns each DoF's axis (a ball's three turn with its last body)
+        dof_body=tree.tables(dtype, device).c_body if tree.n_ball else (long(db) if tree.nfree else None),
         world=torch.eye(4, dtype=dtype, device=device)[None, None],
         e33=torch.nn.functional.pad(torch.ones(1, 1, 1, 1, dtype=dtype, device=device), (3, 0, 3, 0)),
         jumps=tuple(long(row) for row in tree.jumps),
@@ -171,8 +172,13 @@ def com_jacobians(tree: KinematicTree, mt: ModelTensors, q: Tensor) -> ComJacobi
     jt = jacobian_tables(tree, q.dtype, q.device)
     k = _constants(tree, mt)
     B, nb, nv, nf = q.shape[0], tree.nb, tree.nv, tree.nfree
-    qj = q[:, tree.q_joint_start:].transpose(0, 1).reshape(tree.nj, B, 1, 1)
+    qj = joint_angles(tree, q.transpose(0, 1)).reshape(tree.nj, B, 1, 1)
     T = torch.addcmul(torch.addcmul(k.H[0], qj.sin(), k.H[1]), qj.cos(), k.H[2], value=-1.0)  # (nj, B, 4, 4)
+    if tree.n_ball:
+        first = tree.tables(q.dtype, q.device).ball_first
+        Rb = mm(mt.A0.index_select(0, first), ball_rotations(tree, q.transpose(0, 1))).permute(0, 3, 1, 2)
+        Tb = T.index_select(0, first)
+        T = T.index_copy(0, first, torch.cat([torch.cat([Rb, Tb[..., :3, 3:]], -1), Tb[..., 3:, :]], -2))
     if tree.any_prismatic:
         T = torch.addcmul(T, qj, k.H[3])
     parts = [T, jt.world.expand(1, B, 4, 4)]

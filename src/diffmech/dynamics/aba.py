@@ -46,6 +46,7 @@ from ._common import (
     motion_cross,
     mv,
     tree_state,
+    velocity_of_dofs,
     velocity_terms,
     world_inertia,
 )
@@ -122,7 +123,7 @@ def _aba(tree: KinematicTree, mt: ModelTensors, q: Tensor, v: Tensor, tau: Tenso
     else:
         lt = local_terms(tree, ts, vT, f_ext)
         S, inertia = lt.Sl, None  # S: (nv, 6, B) at each body's origin
-        dof_V = lt.V[tree.tables(q.dtype, q.device).dof_body] if tree.nfree else lt.V
+        dof_V = velocity_of_dofs(tree, lt.V)
         c = motion_cross(dof_V, S * vT[:, None])  # (nv, 6, B): d/dt S_d = V_body(d) x S_d
         shifts = parent_shifts(tree, ts, small)
         if shifts.X is not None:

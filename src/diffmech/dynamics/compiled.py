@@ -140,6 +140,9 @@ class CompiledDynamics:
         if model.tree.coords is not None:
             raise OptionError(f"compiled: '{model.name}' has mimic joints, which compiled functions do not support; "
                               "use the eager functions (robot.forward_dynamics, ...)")
+        if model.tree.n_ball:
+            raise OptionError(f"compiled: '{model.name}' has ball joints, which compiled functions do not support; "
+                              "use the eager functions (robot.forward_dynamics, ...)")
         if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
             raise ShapeError(f"compiled: chunk must be a positive integer or None, got {chunk!r}")
         self.model, self.algorithm, self.chunk, self.passive = model, algorithm, chunk, bool(passive)

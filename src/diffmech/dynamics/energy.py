@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..model.parameters import RobotParameters
-from ._common import as_state, bind, joint_q, joint_v, masks, tree_state, tree_sum, world_inertia
+from ._common import as_state, bind, joint_angles, joint_q, joint_v, masks, tree_state, tree_sum, world_inertia
 from .kinematics import link_placements
 
 __all__ = ["kinetic_energy", "potential_energy"]
@@ -33,6 +33,6 @@ def potential_energy(robot: RobotParameters, q: Tensor, *, passive: bool = True)
     c = p + (R @ mt.link_com[..., None])[..., 0]
     U = -(mt.link_mass[:, None] * c * mt.gravity).sum((-1, -2))
     if passive and tree.nj:
-        dq = qf[:, tree.q_joint_start:] - mt.rest
+        dq = joint_angles(tree, qf.transpose(0, 1)).transpose(0, 1) - mt.rest
         U = U + 0.5 * (mt.stiffness * dq * dq).sum(-1)
     return U.reshape(batch)

@@ -27,7 +27,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["free_flyer_integrate", "free_flyer_vjp", "FreeFlyerStep"]
+__all__ = ["free_flyer_integrate", "free_flyer_vjp", "FreeFlyerStep", "quaternion_step"]
 
 _TERMS = 8  # powers t^0 .. t^14
 _SERIES_BELOW = 1.0  # t^2 threshold between series and closed forms
@@ -189,6 +189,15 @@ def free_flyer_vjp(q: Tensor, dv: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
     for an output cotangent ``g (B, nq)``, with no graph."""
     with torch.no_grad():
         return _backward(q, _forward(q, dv)[1], g)
+
+
+def quaternion_step(quat: Tensor, w: Tensor) -> Tensor:
+    """Unit quaternions ``(B, 4)`` ``(x, y, z, w)`` turned by rotation vectors ``w (B, 3)`` in their own
+    (body) frame: ``normalise(quat * e(w))``, the rotation part of a free-flyer step (a ball joint's
+    ``integrate``). Plain operations: autograd differentiates them."""
+    coef = _coefficients(_dot(w, w))
+    m = _qmul(quat, torch.cat([coef[:, 0:1] * w, coef[:, 4:5]], dim=-1))
+    return m / m.norm(dim=-1, keepdim=True)
 
 
 def _transformed() -> bool:

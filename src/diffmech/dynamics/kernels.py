@@ -262,6 +262,10 @@ class NativeCall:
         miss = self._missing.get(key)
         if miss is not None and miss[0] == _BUILT[0]:  # nothing was built since it was found missing
             raise copy.copy(miss[1])  # a fresh instance: see get_kernel
+        if self.tree.n_ball:
+            # the generated kernels place every joint body by one angle (lanes.py); a ball's quaternion
+            # has no lane code yet
+            raise NativeUnavailable(f"'{self.tree.name}' has ball joints, which native kernels do not support")
         try:
             k = get_kernel(self.tree, self.spec(dtype, vjp, fields), self.build)
         except NativeUnavailable as err:
@@ -496,13 +500,15 @@ def native_mode(mode: str):
 
 def default_native(robot, algorithm: str, state: list[Tensor], passive: bool, f_ext: bool) -> Tensor | None:
     """``algorithm`` by native kernels for a public function, or ``None`` where the torch code must
-    run: another device or dtype, mimic joints, inside ``torch.func`` transforms or
+    run: another device or dtype, mimic or ball joints, inside ``torch.func`` transforms or
     ``torch.compile``, mode ``"never"``, or a kernel that is not built (mode ``"auto"``)."""
     x = state[0]
     why = native_refusal(x)
     tree = robot.tree
     if why is None and tree.coords is not None:
         why = "mimic joints"
+    if why is None and tree.n_ball:
+        why = "ball joints"
     if why is not None:
         if _MODE[0] == "require":
             leave_native(f"{robot.name}: {algorithm}", why)
@@ -544,6 +550,8 @@ def prepare(robot, algorithms=ALGORITHMS, dtypes=(torch.float64,), *, passive=(T
     tree = robot.tree
     if tree.coords is not None:
         raise NativeUnavailable(f"'{robot.name}' has mimic joints, which native kernels do not support")
+    if tree.n_ball:
+        raise NativeUnavailable(f"'{robot.name}' has ball joints, which native kernels do not support")
     inertial = tuple(FIELDS.index(f) for f in ("body_mass", "body_h", "body_I"))
     for algorithm in algorithms:
         if algorithm not in ALGORITHMS:

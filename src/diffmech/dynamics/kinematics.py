@@ -11,11 +11,11 @@ from ..model.parameters import RobotParameters
 from ..model.tree import KinematicTree
 from . import threads
 from ._common import TreeState, as_state, bind, generalized_force, joint_q, masks, tree_state
-from .free_flyer import free_flyer_integrate
+from .free_flyer import free_flyer_integrate, quaternion_step
 from .kernels import default_native
 
 __all__ = ["forward_kinematics", "link_pose", "jacobian", "poses_and_world_jacobians", "center_of_mass", "integrate",
-           "link_placements", "advance_floating_base"]
+           "link_placements", "advance_floating_base", "integrate_flat"]
 
 FRAMES = ("world_aligned", "local", "world")
 
@@ -255,18 +255,35 @@ def integrate(model: RobotParameters, q: Tensor, v: Tensor, dt: float | Tensor =
             raise ShapeError(
                 f"{model.name}: 'dt' of shape {tuple(dt.shape)} does not broadcast to the batch shape {batch}"
             ) from None
-    dv = vf * dt
-    if not model.floating_base:
-        return (qf + dv).reshape(*batch, model.nq)
-    return free_flyer_integrate(qf, dv).reshape(*batch, model.nq)
+    return integrate_flat(model.tree, qf, vf * dt).reshape(*batch, model.nq)
 
 
-def advance_flat(q: Tensor, v: Tensor, dt) -> Tensor:
+def integrate_flat(tree: KinematicTree, q: Tensor, dv: Tensor) -> Tensor:
+    """:func:`integrate` on flat ``q (B, nq)`` by ``dv (B, nv)`` (velocity times time step): the
+    floating base on SE(3), each ball joint's quaternion by ``quat * exp(w dt / 2)`` (angular velocity
+    in its child frame), the other joints ``q + dv``."""
+    if not tree.n_ball:
+        return free_flyer_integrate(q, dv) if tree.nfree else q + dv
+    tb = tree.tables(q.dtype, q.device)
+    B = q.shape[0]
+    quat = q.index_select(1, tb.ball_q).reshape(B * tree.n_ball, 4)
+    w = dv.index_select(1, tb.ball_v).reshape(B * tree.n_ball, 3)
+    out = q.index_copy(1, tb.ball_q, quaternion_step(quat, w).reshape(B, 4 * tree.n_ball))
+    if tb.scalar_q.numel():
+        out = out.index_add(1, tb.scalar_q, dv.index_select(1, tb.scalar_v))
+    if tree.nfree:
+        out = torch.cat([free_flyer_integrate(q[:, :7], dv[:, :6]), out[:, 7:]], 1)
+    return out
+
+
+def advance_flat(q: Tensor, v: Tensor, dt, tree: KinematicTree | None = None) -> Tensor:
     """:func:`advance_floating_base` in torch code on flat ``q (B, nq), v (B, nv)`` (``dt``: a float or
-    ``(B, 1)``) -> ``(B, nq + nv)``; what the native ``advance`` kernel computes."""
+    ``(B, 1)``) -> ``(B, nq + nv)``; what the native ``advance`` kernel computes. ``tree``: needed
+    where it has ball joints (their quaternions turn on the sphere)."""
     Rk = spatial.quat_to_matrix(q[:, 3:7] / q[:, 3:7].norm(dim=-1, keepdim=True))
     vw = (Rk @ v[:, :3, None])[..., 0]
-    rot = free_flyer_integrate(q, torch.cat([torch.zeros_like(vw), v[:, 3:]], -1) * dt)
+    dv = torch.cat([torch.zeros_like(vw), v[:, 3:]], -1) * dt
+    rot = integrate_flat(tree, q, dv) if tree is not None and tree.n_ball else free_flyer_integrate(q, dv)
     q1 = torch.cat([q[:, :3] + dt * vw, rot[:, 3:]], -1)
     R1 = spatial.quat_to_matrix(q1[:, 3:7])
     return torch.cat([q1, (R1.transpose(-1, -2) @ vw[..., None])[..., 0], v[:, 3:]], -1)
@@ -299,5 +316,5 @@ def advance_floating_base(robot: RobotParameters, q: Tensor, v: Tensor, dt: floa
     if small:
         out = default_native(robot, "advance", [qf, vf, qf.new_full((qf.shape[0], 1), dt)], True, False)
     if out is None:
-        out = advance_flat(qf, vf, dt)
+        out = advance_flat(qf, vf, dt, robot.tree)
     return out[:, :robot.nq].reshape(*batch, robot.nq), out[:, robot.nq:].reshape(*batch, robot.nv)

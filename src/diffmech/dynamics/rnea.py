@@ -30,6 +30,7 @@ from ._common import (
     motion_cross,
     tree_state,
     tree_sum,
+    velocity_of_dofs,
 )
 from ._jacobian import com_jacobians, one_thread, rnea_jac, use_jacobians
 from ._local import ComInertia, com_forces, com_inertia, local_columns, subtree_forces, tables_of
@@ -90,7 +91,7 @@ def rnea_bl(
     Sv = S * vT[:, None]
     V_O = tree_sum(mask_bd, Sv)
     # Each column moves with its body: d/dt S_d = V_body(d) x S_d (without a floating base DoF d is body d).
-    c = motion_cross(V_O[tree.tables(vT.dtype, vT.device).dof_body] if tree.nfree else V_O, Sv)
+    c = motion_cross(velocity_of_dofs(tree, V_O), Sv)
     A_O = tree_sum(mask_bd, c if aT is None else torch.addcmul(c, S, aT[:, None])) + gravity_acceleration(mt)
     f, n = com_forces(tree, ts, ci, V_O, A_O, f_ext)
     Fs = subtree_forces(ci, f, n, lt)  # (nb, 6, B) about each body's origin

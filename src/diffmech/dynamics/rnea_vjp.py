@@ -53,6 +53,7 @@ from ._common import (
     link_origins,
     masks,
     motion_cross,
+    tree_state,
     tree_sum,
     world_inertia,
 )
@@ -90,6 +91,8 @@ def rnea_vjp_bl(
         inertia: ``world_inertia(ts)`` if the caller has it.
         f_ext: the external forces ``(B, n_links, 6)`` of the RNEA being differentiated, if any.
     """
+    if tree.n_ball:
+        return _rnea_vjp_autograd(tree, ts, qT, vT, aT, lamT, passive, f_ext)
     mt = ts.mt
     S = ts.S  # (nv, 6, B)
     free = bool(tree.nfree)
@@ -142,6 +145,23 @@ def rnea_vjp_bl(
     if free:
         qbar = torch.cat([_base_coordinates_cotangent(ts, qT[3:7], qbar[:6]), qbar[6:]])
     return RneaCotangents(qbar, vbar, abar, fbar)
+
+
+def _rnea_vjp_autograd(tree: KinematicTree, ts: TreeState, qT: Tensor, vT: Tensor, aT: Tensor, lamT: Tensor,
+                       passive: bool, f_ext: Tensor | None) -> RneaCotangents:
+    """:func:`rnea_vjp_bl` by autograd through RNEA, for trees with ball joints: the derivation above
+    moves each column with its own body, while a ball's three columns all turn with its last body
+    (and its quaternion needs its own map to the tangent space)."""
+    from .rnea import rnea_bl
+
+    with torch.enable_grad():
+        ins = [t.detach().requires_grad_(True) for t in (qT, vT, aT)]
+        fe = None if f_ext is None else f_ext.detach().requires_grad_(True)
+        ts_q = tree_state(tree, ts.mt, ins[0], batch_last=True, centered=True)
+        tau = rnea_bl(tree, ts_q, ins[0], ins[1], ins[2], fe, passive)
+        got = torch.autograd.grad(tau, ins + ([fe] if fe is not None else []), lamT, allow_unused=True)
+    got = [torch.zeros_like(x) if g is None else g for g, x in zip(got, ins + ([fe] if fe is not None else []))]
+    return RneaCotangents(got[0], got[1], got[2], got[3] if fe is not None else None)
 
 
 def _per_dof(x: Tensor) -> Tensor:

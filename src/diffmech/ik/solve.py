@@ -33,7 +33,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..errors import OptionError, ShapeError
+from ..errors import ModelError, OptionError, ShapeError
 from ..spatial import so3_jlog, so3_log
 
 __all__ = ["IKResult", "inverse_kinematics", "solve_ik"]
@@ -176,6 +176,11 @@ def solve_ik(
         OptionError: unknown ``mode`` or ``damping_schedule``.
     """
     li = robot.link_index(link)
+    if robot.tree.n_ball:
+        # the solver steps every coordinate as one angle; a ball joint's quaternion would leave the sphere
+        balls = [n for n, k in zip(robot.tree.joint_names, robot.tree.joint_types) if k == "ball"]
+        raise ModelError(f"inverse_kinematics: '{robot.name}' has ball joints {balls}, which the solver "
+                         "does not support yet")
     if mode not in MODES:
         raise OptionError(f"inverse_kinematics: unknown mode {mode!r}; choose from {tuple(MODES)}")
     if damping_schedule not in SCHEDULES:

@@ -20,7 +20,13 @@ Mapping (MuJoCo -> diffmech):
   what such a chain does.
 * A body with no joint is welded to its parent (a ``fixed`` joint named ``"{body}__weld"``).
 * A ``free`` joint on a top-level body is diffmech's floating base (see the state conventions
-  below). ``ball`` joints are not in the core yet: :class:`~diffmech.errors.ModelError`.
+  below).
+* A ``ball`` joint becomes a ``ball`` joint turning about ``jnt_pos`` (placed as a hinge's): its
+  ``q`` is MuJoCo's ``qpos`` quaternion reordered from ``(w, x, y, z)`` to ``(x, y, z, w)``, its ``v``
+  MuJoCo's ``qvel`` unchanged (both the angular velocity in the child frame). A limited ball's
+  cone (``range[1]``, the largest rotation angle) -> ``JointSpec.upper``; a ball joint with a spring
+  (``stiffness``) is refused. ``armature`` and ``damping`` in ``meta["mjcf"]`` have one entry per DoF
+  (three for a ball).
 * Inertia: ``body_mass``, the centre of mass ``body_ipos`` and the principal inertia
   ``body_inertia`` in the frame ``body_iquat``, rotated into the link frame (``R diag(I) R^T``).
 * ``dof_damping`` -> ``JointSpec.damping``, ``jnt_stiffness`` and the spring reference
@@ -41,7 +47,7 @@ orientation); joint coordinates are the same numbers in both. MuJoCo's ``qacc`` 
 is the time derivative of its ``qvel`` (world-frame linear acceleration), diffmech's the
 derivative of its body-frame ``v``: :func:`diffmech_acc_to_mjcf` converts.
 
-What is refused (``ModelError`` naming the element): ball joints, a free joint below the top
+What is refused (``ModelError`` naming the element): ball joints with springs, a free joint below the top
 level, equality constraints, tendons that act (stiffness, damping, friction loss, limits,
 armature, or used by an actuator), gravity compensation, nonlinear joint damping or stiffness
 polynomials. What is ignored with one warning naming it: tendons that do nothing, fluid forces
@@ -213,9 +219,9 @@ def _check_model(m, src: str) -> None:
     for j in range(m.njnt):
         t = int(m.jnt_type[j])
         name, body = _name(m, "joint", j), _name(m, "body", int(m.jnt_bodyid[j]))
-        if t == _BALL:
-            raise ModelError(f"{src}: joint '{name}' (body '{body}') is a ball joint; diffmech's core has no "
-                             "spherical joint yet")
+        if t == _BALL and m.jnt_stiffness[j] != 0 and not m.opt.disableflags & _DSBL_SPRING:
+            raise ModelError(f"{src}: ball joint '{name}' (body '{body}') has a spring (stiffness "
+                             f"{float(m.jnt_stiffness[j]):g}); springs on ball joints are not supported")
         if t == _FREE and int(m.body_parentid[m.jnt_bodyid[j]]) != 0:
             raise ModelError(f"{src}: free joint '{name}' is on body '{body}', which is not a child of the "
                              "world; diffmech's free joint is the floating base of a tree's root")
@@ -402,24 +408,29 @@ def _tree(m, src, root: int, tops: list[int], floating: bool, acts, gravity, sce
             link = unique(body if last else f"{body}__{jname}")
             if not last:
                 links.append(LinkSpec(name=link))  # massless frame between two joints of one body
-            anchor = m.jnt_pos[j] if t == _HINGE else np.zeros(3)
+            anchor = m.jnt_pos[j] if t in (_HINGE, _BALL) else np.zeros(3)
             # MuJoCo moves a joint by q - qpos0 (the joint's ref); the placement absorbs -ref
             ref, axis = float(m.qpos0[m.jnt_qposadr[j]]), np.asarray(m.jnt_axis[j], dtype=float)
-            place = prev @ _shift(anchor) @ (_shift(-ref * axis) if t == _SLIDE else _axis_angle(axis, -ref))
+            place = prev @ _shift(anchor)
+            if t != _BALL:  # a ball's qpos0 is the identity quaternion: no reference to absorb
+                place = place @ (_shift(-ref * axis) if t == _SLIDE else _axis_angle(axis, -ref))
             limited = bool(m.jnt_limited[j])
             lo, hi = (float(m.jnt_range[j, 0]), float(m.jnt_range[j, 1])) if limited else (-math.inf, math.inf)
+            if t == _BALL:
+                lo, axis = 0.0, np.array([1.0, 0.0, 0.0])
             d = int(m.jnt_dofadr[j])
             damp = 0.0 if m.opt.disableflags & _DSBL_DAMPER else float(m.dof_damping[d])
             effort = (float(np.abs(m.jnt_actfrcrange[j]).max()) if m.jnt_actfrclimited[j] else math.inf)
-            kind = "prismatic" if t == _SLIDE else ("revolute" if limited else "continuous")
+            kind = "ball" if t == _BALL else "prismatic" if t == _SLIDE else ("revolute" if limited else "continuous")
             joints.append(JointSpec(
                 unique(jname, "joint"), kind, prev_link, link, xyz=_vec(place[:3, 3]), rpy=_rpy(place[:3, :3]),
-                axis=_vec(m.jnt_axis[j]), lower=lo, upper=hi, effort=effort,
+                axis=_vec(axis), lower=lo, upper=hi, effort=effort,
                 damping=0.0 if scene else damp, friction=float(m.dof_frictionloss[d]),
-                stiffness=0.0 if m.opt.disableflags & _DSBL_SPRING else float(m.jnt_stiffness[j]),
-                rest=float(m.qpos_spring[m.jnt_qposadr[j]])))
-            armature.append(float(m.dof_armature[d]))
-            damping.append(damp)
+                stiffness=0.0 if m.opt.disableflags & _DSBL_SPRING or t == _BALL else float(m.jnt_stiffness[j]),
+                rest=0.0 if t == _BALL else float(m.qpos_spring[m.jnt_qposadr[j]])))
+            for i in range(3 if t == _BALL else 1):
+                armature.append(float(m.dof_armature[d + i]))
+                damping.append(0.0 if m.opt.disableflags & _DSBL_DAMPER else float(m.dof_damping[d + i]))
             jnt_order.append(j)
             actuators.extend(acts.get(j, []))
             prev_link, offset = link, _shift(-anchor)
@@ -451,8 +462,11 @@ def _tree(m, src, root: int, tops: list[int], floating: bool, acts, gravity, sce
         a, d = int(m.jnt_qposadr[fj]), int(m.jnt_dofadr[fj])
         qpos_index += [a, a + 1, a + 2, a + 4, a + 5, a + 6, a + 3]  # (qx, qy, qz, qw) from (w, x, y, z)
         qvel_index += list(range(d, d + 6))
-    qpos_index += [int(m.jnt_qposadr[j]) for j in jnt_order]
-    qvel_index += [int(m.jnt_dofadr[j]) for j in jnt_order]
+    for j in jnt_order:
+        a, d = int(m.jnt_qposadr[j]), int(m.jnt_dofadr[j])
+        ball = int(m.jnt_type[j]) == _BALL
+        qpos_index += [a + 1, a + 2, a + 3, a] if ball else [a]  # (qx, qy, qz, qw) from (w, x, y, z)
+        qvel_index += [d, d + 1, d + 2] if ball else [d]
     meta = {"mjcf": {"qpos_index": qpos_index, "qvel_index": qvel_index, "armature": armature,
                      "damping": damping, "actuators": actuators, "timestep": float(m.opt.timestep),
                      "free": floating, "source": src}}

@@ -44,6 +44,7 @@ from ..errors import ModelError
 from .persistence import PhysicalValues, reconcile_inertial_source
 from .spec import JointSpec, LinkSpec, RobotSpec
 from .tree import KinematicTree
+from .validate import check_number, check_spec_mass_matrix, validate_parameters
 
 __all__ = ["RobotParameters", "RobotSummary", "LinkParams", "JointParams", "ModelTensors", "RawParameters",
            "derive_tensors"]
@@ -132,6 +133,10 @@ def derive_tensors(tree: KinematicTree, raw: RawParameters) -> ModelTensors:
     Rp = link_R[pl]
     R_tree = Rp @ Rj[tb.body_joint]  # (nj, 3, 3)
     p_tree = link_p[pl] + (Rp @ xyz[tb.body_joint][..., None])[..., 0]
+    if tb.ball_inner is not None:  # a ball's second and third bodies sit on its first (tree module docstring)
+        inner = tb.ball_inner[:, None]
+        R_tree = torch.lerp(R_tree, eye.expand_as(R_tree), inner[..., None])
+        p_tree = p_tree * (1 - inner)
 
     mass, com = raw.mass, raw.com
     # A raw learnable 3x3 drifts off symmetry under unconstrained updates; ABA assumes symmetry,
@@ -158,7 +163,9 @@ def derive_tensors(tree: KinematicTree, raw: RawParameters) -> ModelTensors:
         lin_dir=lin_dir[..., None], rot_axis=rot_axis[..., None], lin_axis=lin_axis[..., None],
         body_mass=body_mass, body_h=body_h, body_I=body_I,
         link_R=link_R, link_p=link_p, link_mass=mass, link_com=com,
-        damping=raw.damping[bj], stiffness=raw.stiffness[bj], rest=raw.rest[bj], gravity=raw.gravity,
+        damping=raw.damping[bj], stiffness=raw.stiffness[bj] if tb.ball_body is None else
+        raw.stiffness[bj] * (1 - tb.ball_body), rest=raw.rest[bj] if tb.ball_body is None else
+        raw.rest[bj] * (1 - tb.ball_body), gravity=raw.gravity,
     )
 
 
@@ -436,6 +443,7 @@ class RobotParameters(PhysicalValues, nn.Module):
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise ModelError(f"RobotModel dtype must be a floating-point torch.dtype, got {dtype}")
         tree = KinematicTree(spec, floating_base=floating_base)
+        check_spec_mass_matrix(spec, tree)  # a model that loads is a model that simulates
         self.tree = tree
         self.name = tree.name
         self.source = tree.source
@@ -470,6 +478,7 @@ class RobotParameters(PhysicalValues, nn.Module):
         self.actuated_joints: list[str] = list(self.joint_names)
         self.meta: dict = copy.deepcopy(spec.meta)
         self._init_store(dtype, gravity.device)
+        self.register_load_state_dict_post_hook(_validate_after_load)
 
     # ------------------------------------------------------------------ saving
     def _save_to_state_dict(self, destination, prefix, keep_vars):
@@ -490,6 +499,9 @@ class RobotParameters(PhysicalValues, nn.Module):
             ours = f"'{self.link_names[diff]}'" if diff < len(self.link_names) else "none"
             unexpected_keys.append(f"{prefix}link_names: the state dict is of another robot (link {diff} is "
                                    f"{theirs}, in {self.name} {ours}); strict=False loads it by position")
+        if not getattr(self, "_dm_restoring", False):
+            # Children load after this call: keep their values so that a refused load leaves the model as it was.
+            self.__dict__["_dm_before_load"] = {k: v.detach().clone() for k, v in self.state_dict().items()}
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
 
@@ -578,10 +590,12 @@ class RobotParameters(PhysicalValues, nn.Module):
         self._store_dtype, self._store_device = g.dtype, g.device
         self._dm_gen = _Generation()
         self._relayout(adopt=True)
+        if not any(h is _validate_after_load for h in self._load_state_dict_post_hooks.values()):
+            self.register_load_state_dict_post_hook(_validate_after_load)  # pickled before the check existed
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        for key in ("_flat", "_snapshot", "_entries", "_flat_entries", "_live", "_slot_list"):
+        for key in ("_flat", "_snapshot", "_entries", "_flat_entries", "_live", "_slot_list", "_dm_before_load"):
             state.pop(key, None)
         return state
 
@@ -778,6 +792,8 @@ class RobotParameters(PhysicalValues, nn.Module):
         if parametrize.is_parametrized(module, name):
             parametrize.remove_parametrizations(module, name, leave_parametrized=True)
         value = getattr(module, name).detach().clone().as_subclass(torch.Tensor)
+        if parametrization is not None:
+            self._check_initial_value(link, module, name, value, parametrization)
         if name in module._buffers:
             del module._buffers[name]
         elif name in module._parameters:
@@ -792,6 +808,38 @@ class RobotParameters(PhysicalValues, nn.Module):
         module.register_parameter(name, nn.Parameter(value))
         if parametrization is not None:
             parametrize.register_parametrization(module, name, parametrization)
+
+    def _check_initial_value(self, link: str, module: nn.Module, name: str, value: Tensor,
+                             parametrization: nn.Module) -> None:
+        """Refuse a parametrization whose initial value breaks the rules of :mod:`diffmech.model.validate`
+        (a value source starting at a negative mass, a ``right_inverse`` that does not round-trip),
+        before anything is changed."""
+        from .params import is_value_source
+
+        try:
+            with torch.no_grad():
+                if is_value_source(parametrization):
+                    start = parametrization()
+                else:
+                    inverse = getattr(parametrization, "right_inverse", None)
+                    raw = inverse(value) if inverse is not None else value
+                    start = parametrization(*raw) if isinstance(raw, (tuple, list)) else parametrization(raw)
+        except ModelError:
+            raise
+        except Exception:  # noqa: BLE001 - registering it raises the parametrization's own error
+            return
+        if not isinstance(start, Tensor) or tuple(start.shape) != tuple(value.shape):
+            return  # ValueSource / register_parametrization name the shape mismatch
+        li = self.tree.link(link)
+        if is_value_source(parametrization):
+            # A value source starts where it chooses (differentiable-robot-model's examples start an
+            # UnconstrainedTensor inertia at random values): finite numbers only, physics not asked.
+            where = f"{self.name} (initial value of learnable '{name}'): link '{self.link_names[li]}'"
+            for i, x in enumerate(start.detach().reshape(-1).tolist()):
+                check_number(where, f"{name}[{i}]" if start.dim() else name, x)
+            return
+        validate_parameters(self, f"initial value of learnable '{name}' of link '{self.link_names[li]}'",
+                            links=[li], override=(name, li if name in LINK_PARAMS else li - 1, start))
 
     def freeze_link_param(self, link: str, name: str) -> None:
         """Stop training a parameter made learnable by :meth:`make_link_param_learnable`.
@@ -920,20 +968,25 @@ class RobotParameters(PhysicalValues, nn.Module):
         }
 
     def neutral_configuration(self) -> Tensor:
-        """``q`` with zero joint angles and identity base orientation, ``(nq,)``."""
+        """``q`` with zero joint angles and identity base and ball-joint orientations, ``(nq,)``."""
         q = torch.zeros(self.nq, dtype=self.dtype, device=self.device)
         if self.floating_base:
             q[6] = 1.0
+        for _, qi, _ in self.tree.ball_joints:
+            q[qi + 3] = 1.0
         return q
 
     def random_configuration(self, *batch: int, generator: torch.Generator | None = None) -> Tensor:
         """Random ``q (*batch, nq)``: joints uniform within limits (``[-pi, pi]`` where unbounded),
-        base position in ``[-1, 1]^3`` and a uniform random unit quaternion."""
+        base position in ``[-1, 1]^3`` and a uniform random unit quaternion; ball joints uniform
+        over rotations (within their cone: uniform over the rotations of at most that angle)."""
         kw = dict(dtype=self.dtype, device=self.device)
         lo = torch.where(torch.isfinite(self.position_lower), self.position_lower, -math.pi).to(**kw)
         hi = torch.where(torch.isfinite(self.position_upper), self.position_upper, math.pi).to(**kw)
         u = torch.rand(*batch, self.nj, generator=generator, **kw)
         qj = lo + (hi - lo) * u
+        if self.tree.n_ball:
+            qj = _with_ball_quaternions(self.tree, qj, self.position_upper, generator)
         if not self.floating_base:
             return qj
         pos = 2 * torch.rand(*batch, 3, generator=generator, **kw) - 1
@@ -956,3 +1009,51 @@ class RobotParameters(PhysicalValues, nn.Module):
     def extra_repr(self) -> str:
         return (f"name={self.name!r}, links={self.n_links}, nq={self.nq}, nv={self.nv}, "
                 f"floating_base={self.floating_base}")
+
+
+def _with_ball_quaternions(tree: KinematicTree, qj: Tensor, upper: Tensor, generator) -> Tensor:
+    """Joint coordinates ``(*batch, nq - 7 nfree)`` from one sample per moving joint ``qj (*batch, nj)``:
+    a ball joint's entry is replaced by a random unit quaternion ``(x, y, z, w)``, uniform over the
+    rotations of angle at most its ``upper``.
+
+    Uniform over SO(3) the angle ``t`` has density ``(1 - cos t) / pi``; restricted to ``t <= a``, its
+    CDF is ``(t - sin t) / (a - sin a)``, inverted by Newton steps from a bracketing start."""
+    kw = dict(dtype=qj.dtype, device=qj.device)
+    batch = qj.shape[:-1]
+    out = []
+    for i, kind in enumerate(tree.joint_types):
+        if kind != "ball":
+            out.append(qj[..., i:i + 1])
+            continue
+        a = float(upper[i])
+        if a >= math.pi:  # no cone: a normalised Gaussian 4-vector is uniform over rotations
+            quat = torch.randn(*batch, 4, generator=generator, **kw)
+            out.append(quat / quat.norm(dim=-1, keepdim=True))
+            continue
+        axis = torch.randn(*batch, 3, generator=generator, **kw)
+        axis = axis / axis.norm(dim=-1, keepdim=True)
+        target = torch.rand(*batch, 1, generator=generator, **kw) * (a - math.sin(a))
+        t = torch.full_like(target, a)
+        for _ in range(60):  # F convex on [0, pi]: from the right end Newton decreases monotonically
+            f = t - torch.sin(t) - target
+            t = torch.where(f > 0, t - f / (1 - torch.cos(t)).clamp_min(1e-300), t)
+        out.append(torch.cat([axis * torch.sin(t / 2), torch.cos(t / 2)], -1))
+    return torch.cat(out, -1)
+
+
+def _validate_after_load(module: RobotParameters, incompatible_keys) -> None:
+    """``load_state_dict`` post-hook: the loaded values obey :mod:`diffmech.model.validate`, or the
+    previous values come back and a :class:`ModelError` names the link and value."""
+    if getattr(module, "_dm_restoring", False):
+        return
+    before = module.__dict__.pop("_dm_before_load", None)
+    try:
+        validate_parameters(module, "load_state_dict")
+    except ModelError:
+        if before is not None:
+            module.__dict__["_dm_restoring"] = True
+            try:
+                nn.Module.load_state_dict(module, before, strict=False)
+            finally:
+                module.__dict__["_dm_restoring"] = False
+        raise

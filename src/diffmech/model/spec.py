@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-JOINT_TYPES = ("revolute", "continuous", "prismatic", "fixed")
+JOINT_TYPES = ("revolute", "continuous", "prismatic", "fixed", "ball")
 
 Vec3 = tuple[float, float, float]
 Mat3 = tuple[Vec3, Vec3, Vec3]
@@ -44,15 +44,24 @@ class JointSpec:
 
     Attributes:
         name: unique joint name.
-        type: one of ``revolute``, ``continuous``, ``prismatic``, ``fixed``.
+        type: one of ``revolute``, ``continuous``, ``prismatic``, ``fixed``, ``ball``. A ``ball``
+            (spherical) joint turns the child frame freely about the joint origin: its
+            configuration is a unit quaternion ``(qx, qy, qz, qw)`` (4 coordinates of ``q``), its
+            velocity the angular velocity of the child frame in the child frame (3 of ``v``), as
+            Pinocchio's ``JointModelSpherical`` and the floating base's rotation.
         parent, child: link names.
         xyz, rpy: placement of the joint frame in the parent link frame (URDF ``<origin>``).
-        axis: joint axis in the joint frame (normalised by the model).
-        lower, upper: position limits (rad or m); infinite when absent.
+        axis: joint axis in the joint frame (normalised by the model; ignored by ``ball``).
+        lower, upper: position limits (rad or m); infinite when absent. ``ball``: ``upper`` is the
+            largest rotation angle from the neutral orientation (MuJoCo's cone, ``range[1]``, rad),
+            ``lower`` is ignored; ``random_configuration`` samples within the cone, but the
+            simulators' joint-limit constraints do not enforce it yet.
         velocity, effort: velocity and effort limits; infinite when absent.
         damping: viscous damping, N m s/rad (or N s/m).
         friction: Coulomb friction level, N m (stored; used by simulators, not by RNEA).
-        stiffness, rest: joint spring ``tau = -stiffness (q - rest)``.
+        stiffness, rest: joint spring ``tau = -stiffness (q - rest)`` (not supported on ``ball``
+            joints: the model refuses a non-zero stiffness there). ``damping`` of a ``ball`` acts on
+            each component of its angular velocity.
         mimic: ``(joint, multiplier, offset)`` when this joint follows another one,
             ``q = multiplier * q_joint + offset`` (URDF ``<mimic>``; multiplier 1 and offset 0 by
             default); None for an independent joint.

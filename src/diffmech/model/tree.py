@@ -13,9 +13,20 @@ does), so the dynamics loops run over moving bodies only; every link keeps its o
 kinematics. A link that carries no moving joint above it is attached to the world (body ``-1``).
 
 Generalised coordinates: ``q = [q_base (7), q_joints]`` with ``q_base = (x, y, z, qx, qy, qz, qw)``
-when ``floating_base`` is set; one coordinate per revolute/continuous/prismatic joint in
-``joint_names`` order. ``v = [v_base (6), v_joints]`` with ``v_base = (linear; angular)`` velocity of
-the root link in its own frame (Pinocchio's free-flyer convention).
+when ``floating_base`` is set; one coordinate per revolute/continuous/prismatic joint and four, a
+unit quaternion ``(qx, qy, qz, qw)``, per ball joint, in ``joint_names`` order. ``v = [v_base (6),
+v_joints]`` with ``v_base = (linear; angular)`` velocity of the root link in its own frame
+(Pinocchio's free-flyer convention), and per ball joint the angular velocity of its child frame in
+that frame (Pinocchio's ``JointModelSpherical``).
+
+Ball joints: the algorithms work on bodies of one DoF each (the floating base aside), so a ball
+joint becomes three bodies on one origin -- the first carries the joint's rotation ``R(quat)``
+and turns about its ``x`` axis, the two massless ones below it about ``y`` and ``z`` with identity
+placements, and the last carries the child link. At any configuration the three columns are the
+child frame's axes through the joint origin, the ball's motion subspace. Unlike a gimbal, the three
+columns turn with the child body, so each DoF's velocity-product term uses the last body's velocity
+(``TreeTables.c_body``); the first two bodies have no mass and no other children, so nothing else
+sees their partial velocities.
 
 :attr:`KinematicTree.structure_hash` identifies everything generated code depends on (topology,
 joint kinds, coordinate layout) and nothing else: two robots with the same tree shape share native
@@ -36,7 +47,8 @@ from torch import Tensor
 
 from .._warnings import warn
 from ..errors import ModelError
-from .spec import JOINT_TYPES, JointSpec, LinkSpec, RobotSpec
+from .spec import JOINT_TYPES, JointSpec, RobotSpec
+from .validate import check_spec_values
 
 __all__ = ["KinematicTree", "TreeTables", "CoordinateMap", "symmetric_from_pairs"]
 
@@ -98,6 +110,17 @@ class TreeTables:
         fixed_levels: per fixed depth, ``(links, parent links, joints)`` as long tensors.
         q_src, v_src, q_scale, q_offset, v_scale: the :class:`CoordinateMap` as tensors (``None``
             without mimic joints).
+        c_body: (nv,) long, the body whose velocity turns each DoF's column (the DoF's own body but
+            on ball joints, whose three columns turn with the ball's last body); ``None`` without
+            ball joints. The ball tables below are ``None`` without ball joints too.
+        q_scalar: (nj,) long, the ``q`` index of each one-DoF body's angle, ``nq`` (a zero row
+            appended to ``q``) on the bodies of ball joints.
+        ball_first: (n_ball,) long, the first body of each ball joint, counted from the first joint
+            body (an index into the ``nj`` joint rows).
+        ball_q, ball_v: (4 n_ball,), (3 n_ball,) long, the quaternion and angular-velocity indices in
+            ``q`` and ``v``; scalar_q, scalar_v: those of the other joints (base excluded).
+        ball_inner: (nj,) ``1.0`` on the second and third body of each ball joint; ball_body: (nj,)
+            ``1.0`` on all three.
     """
 
     mask_bd: Tensor
@@ -120,6 +143,15 @@ class TreeTables:
     q_scale: Tensor | None = None
     q_offset: Tensor | None = None
     v_scale: Tensor | None = None
+    c_body: Tensor | None = None
+    q_scalar: Tensor | None = None
+    ball_first: Tensor | None = None
+    ball_q: Tensor | None = None
+    ball_v: Tensor | None = None
+    scalar_q: Tensor | None = None
+    scalar_v: Tensor | None = None
+    ball_inner: Tensor | None = None
+    ball_body: Tensor | None = None
     _crba_scatter: Tensor | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -194,11 +226,16 @@ class KinematicTree:
         fixed_levels: per fixed depth ``d >= 1``, ``(links, their parent links, their joints)`` of the
             links ``d`` fixed joints below their body's frame (offsets are composed level by level).
         body_joint_parent_link: the parent link of each one-DoF body's joint.
+        body_kinds: the joint type of each one-DoF body (``"ball"`` on all three of a ball joint's).
+        n_ball: the number of ball joints; ball_joints: per ball joint ``(first body - nfree, q index
+            of its quaternion, v index of its angular velocity)``.
+        q_scalar: per one-DoF body, the ``q`` index of its angle (``-1`` on ball bodies).
         q_joint_start, v_joint_start: first joint coordinate in ``q`` and ``v`` (7 and 6 with a
             floating base).
         is_prismatic: per one-DoF body; ``any_prismatic``.
         axes: unit joint axis of each one-DoF body, in its joint frame.
-        lower, upper, velocity, effort: limits per moving joint (``inf`` where absent).
+        lower, upper, velocity, effort: limits per moving joint (``inf`` where absent; a ball joint's
+            ``lower`` is ``0`` and its ``upper`` the largest rotation angle).
         coords: ``None``, or the :class:`CoordinateMap` of a tree with mimic joints: then ``nq`` and
             ``nv`` here count joint space, and ``coords.nq``/``coords.nv`` the generalised
             coordinates a :class:`~diffmech.RobotModel` takes.
@@ -231,6 +268,9 @@ class KinematicTree:
             state["_anc"] = np.array(state.pop("body_ancestors"), dtype=bool).reshape(state["nb"], state["nb"])
             state["_anc"].flags.writeable = False
             state.pop("crba_pairs", None)
+        if "n_ball" not in state:  # pickled before ball joints: every joint body has one angle
+            state.update(n_ball=0, ball_joints=(), body_kinds=state["joint_types"],
+                         q_scalar=tuple(range(state["q_joint_start"], state["nq"])))
         object.__setattr__(self, "__dict__", state)
         object.__setattr__(self, "_tables", {})
         object.__setattr__(self, "_tables_lock", threading.Lock())
@@ -271,7 +311,15 @@ class KinematicTree:
                     f"{src}: link '{j.child}' is the child of two joints ('{parent_joint[j.child].name}' and "
                     f"'{j.name}'): a kinematic tree allows one parent per link (closed loops are not supported)"
                 )
-            if j.type != "fixed":
+            if j.type == "ball":
+                if j.mimic is not None:
+                    raise ModelError(f"{src}: ball joint '{j.name}' cannot mimic another joint")
+                if j.stiffness != 0:
+                    raise ModelError(f"{src}: ball joint '{j.name}' has stiffness {j.stiffness}; springs on ball "
+                                     "joints are not supported")
+                if not j.upper >= 0:
+                    raise ModelError(f"{src}: ball joint '{j.name}' has a negative cone angle {j.upper}")
+            elif j.type != "fixed":
                 axis = list(map(float, j.axis))
                 norm = math.sqrt(sum(a * a for a in axis))
                 if not norm > 1e-12 or not math.isfinite(norm):
@@ -288,10 +336,7 @@ class KinematicTree:
             )
         if len(roots) > 1:
             raise ModelError(f"{src}: the links form {len(roots)} trees, with roots {roots}; expected one root link")
-        for link in spec.links:
-            if link.mass < 0 or not math.isfinite(link.mass):
-                raise ModelError(f"{src}: link '{link.name}' has invalid mass {link.mass}")
-            _check_inertia(src, link)
+        check_spec_values(spec)  # every number, mass and inertia: the rules of diffmech.model.validate
 
         # Depth-first order from the root (children in file order), as Pinocchio numbers joints.
         order: list[str] = []
@@ -319,19 +364,33 @@ class KinematicTree:
         link_body: list[int] = [0 if self.floating_base else -1]
         link_parent: list[int] = [-1]
         body_joint: list[int] = []
+        balls: list[tuple[int, int, int]] = []  # (first body - nfree, q index, v index)
+        q_scalar: list[int] = []
+        nq_j = 0
         for k, j in enumerate(joint_specs):
             pl = link_index[j.parent]
             link_parent.append(pl)
             if j.type == "fixed":
                 link_body.append(link_body[pl])
+            elif j.type == "ball":
+                first = len(body_parent)
+                balls.append((first - nfree, 7 * nfree + nq_j, 6 * nfree + len(body_joint)))
+                for i in range(3):
+                    body_parent.append(link_body[pl] if i == 0 else first + i - 1)
+                    body_joint.append(k)
+                    q_scalar.append(-1)
+                link_body.append(first + 2)
+                nq_j += 4
             else:
+                q_scalar.append(7 * nfree + nq_j)
+                nq_j += 1
                 body_parent.append(link_body[pl])
                 body_joint.append(k)
                 link_body.append(len(body_parent) - 1)
         nb, nj = len(body_parent), len(body_joint)
         if nb == 0:
             raise ModelError(f"{src}: the robot has no moving joint (and no floating base): nothing to simulate")
-        nq, nv = 7 * nfree + nj, 6 * nfree + nj
+        nq, nv = 7 * nfree + nq_j, 6 * nfree + nj
 
         depth: list[int] = []
         for p in body_parent:
@@ -377,11 +436,18 @@ class KinematicTree:
 
         kinds = [joint_specs[k].type for k in body_joint]
         axes = []
-        for k in body_joint:
+        for i, k in enumerate(body_joint):
+            if kinds[i] == "ball":  # x, y, z of the child frame on the ball's three bodies
+                first = next(b for b, _, _ in balls if b <= i < b + 3)
+                axes.append(tuple(float(c == i - first) for c in range(3)))
+                continue
             a = [float(x) for x in joint_specs[k].axis]
             n = math.sqrt(sum(x * x for x in a))
             axes.append(tuple(x / n for x in a))
-        lim = lambda attr: tuple(float(getattr(joint_specs[k], attr)) for k in body_joint)  # noqa: E731
+        moving = list(dict.fromkeys(body_joint))  # one entry per moving joint, in q/v order
+        lim = lambda attr: tuple(  # noqa: E731
+            (0.0 if attr == "lower" and joint_specs[k].type == "ball" else float(getattr(joint_specs[k], attr)))
+            for k in moving)
 
         self.link_names = tuple(order)
         self.link_index = dict(link_index)
@@ -395,8 +461,12 @@ class KinematicTree:
         self.link_body = tuple(link_body)
         self.link_parent = tuple(link_parent)
         self.body_joint = tuple(body_joint)
-        self.joint_names = tuple(joint_specs[k].name for k in body_joint)
-        self.joint_types = tuple(kinds)
+        self.joint_names = tuple(joint_specs[k].name for k in moving)
+        self.joint_types = tuple(joint_specs[k].type for k in moving)
+        self.body_kinds = tuple(kinds)
+        self.n_ball = len(balls)
+        self.ball_joints = tuple(balls)
+        self.q_scalar = tuple(q_scalar)
         self.body_depth = tuple(depth)
         self._anc = anc
         self.levels = tuple(levels)
@@ -517,6 +587,30 @@ class KinematicTree:
                 q_scale=torch.tensor(self.coords.q_scale, dtype=dtype, device=device),
                 q_offset=torch.tensor(self.coords.q_offset, dtype=dtype, device=device),
                 v_scale=torch.tensor(self.coords.v_scale, dtype=dtype, device=device))),
+            **({} if not self.n_ball else self._ball_tables(dtype, device)),
+        )
+
+    def _ball_tables(self, dtype, device) -> dict:
+        """The ball-joint fields of :class:`TreeTables`."""
+        long = lambda x: torch.tensor(x, dtype=torch.long, device=device).reshape(-1)  # noqa: E731
+        nf, j0 = self.nfree, 6 * self.nfree
+        c_body = list(self.dof_body)
+        inner = [0.0] * self.nj
+        ball_q, ball_v = [], []
+        for first, qi, vi in self.ball_joints:
+            for i in range(3):
+                c_body[j0 + first + i] = nf + first + 2
+            inner[first + 1] = inner[first + 2] = 1.0
+            ball_q += range(qi, qi + 4)
+            ball_v += range(vi, vi + 3)
+        in_ball = set(ball_v)
+        return dict(
+            c_body=long(c_body), q_scalar=long([i if i >= 0 else self.nq for i in self.q_scalar]),
+            ball_first=long([b for b, _, _ in self.ball_joints]), ball_q=long(ball_q), ball_v=long(ball_v),
+            scalar_q=long([i for i in self.q_scalar if i >= 0]),
+            scalar_v=long([d for d in range(j0, self.nv) if d not in in_ball]),
+            ball_inner=torch.tensor(inner, dtype=dtype, device=device),
+            ball_body=torch.tensor([float(i < 0) for i in self.q_scalar], dtype=dtype, device=device),
         )
 
 
@@ -529,6 +623,8 @@ def _coordinate_map(src: str, joint_specs: list[JointSpec], body_joint: list[int
             if j.mimic is not None:
                 raise ModelError(f"{src}: fixed joint '{j.name}' has a <mimic> tag; only moving joints can mimic")
         return None
+    if any(j.type == "ball" for j in joint_specs):
+        raise ModelError(f"{src}: mimic joints in a tree with ball joints are not supported")
     index = {j.name: i for i, j in enumerate(moving)}
     for j in joint_specs:
         if j.mimic is None:
@@ -582,17 +678,3 @@ def _cycle_from(start: str, parent_joint: dict[str, JointSpec]) -> str:
         link = parent_joint[link].parent
     loop = seen[seen.index(link):] if link in seen else seen
     return f"{loop} via joints {[parent_joint[n].name for n in loop]}"
-
-
-def _check_inertia(src: str, link: LinkSpec) -> None:
-    I = torch.tensor(link.inertia, dtype=torch.float64)
-    if I.shape != (3, 3) or not torch.isfinite(I).all():
-        raise ModelError(f"{src}: link '{link.name}' has an invalid inertia tensor {link.inertia}")
-    if not torch.allclose(I, I.T, atol=1e-12 * max(1.0, float(I.abs().max()))):
-        raise ModelError(f"{src}: link '{link.name}' has a non-symmetric inertia tensor {I.tolist()}")
-    eig = torch.linalg.eigvalsh(I)
-    if eig.min() < -1e-9 * max(1.0, float(eig.abs().max())):
-        raise ModelError(
-            f"{src}: link '{link.name}' has an inertia tensor that is not positive semi-definite "
-            f"(eigenvalues {[round(float(e), 9) for e in eig]})"
-        )

@@ -12,8 +12,9 @@ import warnings
 
 import numpy as np
 
-from ..errors import URDFError
+from ..errors import ModelError, URDFError
 from .spec import JOINT_TYPES, JointSpec, LinkSpec, RobotSpec
+from .validate import check_number
 
 __all__ = ["parse_urdf"]
 
@@ -45,6 +46,7 @@ _NUMERIC = {
 }
 
 _VECTORS = ("xyz", "rpy")
+_UNBOUNDED = ("lower", "upper", "effort", "velocity")  # infinite: no limit
 
 # The <geometry> children yourdfpy reads; others (PyBullet's <plane>, <cdf>, <capsule>, ...) are dropped.
 _GEOMETRY_TAGS = ("box", "cylinder", "sphere", "mesh")
@@ -74,6 +76,13 @@ def _check_numbers(root, src: str) -> None:
                         if len(numbers) != expected:  # yourdfpy would silently use the first three
                             raise URDFError(f"{src}: {kind} '{name}': {tag} has {len(numbers)} numbers, "
                                             f"expected {expected}: {value!r}")
+                        # here, before an inertial <origin rpy> of inf turns the whole inertia into NaN
+                        for i, x in enumerate(numbers):
+                            try:
+                                check_number(f"{src}: {kind} '{name}'", tag if expected == 1 else f"{tag}[{i}]", x,
+                                             infinite=attr in _UNBOUNDED)
+                            except ModelError as e:
+                                raise URDFError(str(e)) from None
 
 
 def _normalise_declaration(raw: bytes) -> bytes:
@@ -213,6 +222,14 @@ def parse_urdf(path_or_xml: str | os.PathLike) -> RobotSpec:
     ``<cdf>``, ``<capsule>``, ...) is left out with one warning per file: dynamics do not use it.
     Mimic joints are parsed into :attr:`JointSpec.mimic`. The ``<visual>``/``<collision>`` elements and
     ``<material>`` elements are kept as XML text in ``spec.meta["urdf"]`` (mesh paths made absolute).
+
+    Every number must be finite and at most 1e9 in magnitude (position, velocity and effort limits
+    may be infinite: no limit). Building a model of the spec (:func:`diffmech.load_urdf`) then
+    applies the rest of :mod:`diffmech.model.validate`: masses ``>= 0``, inertias symmetric and
+    positive semi-definite (the triangle inequalities are not required), damping and friction
+    ``>= 0``, and a mass matrix positive definite at the neutral configuration -- every moving joint
+    carries mass or inertia along its axis (a massless leaf link on a revolute joint is refused, on a
+    fixed joint it loads) and a floating base carries a positive-definite total inertia.
 
     Raises:
         URDFError: malformed XML, unknown joint types, bad numbers; the message names the file

@@ -134,9 +134,14 @@ def robot_to_urdf(robot, path: str | os.PathLike | None = None) -> str:
 
     Raises:
         ModelError: a parameter the URDF could not carry to a valid model (non-finite, a negative
-            mass, an inertia that is not positive semi-definite), naming the link or joint.
+            mass, an inertia that is not positive semi-definite), naming the link or joint; a ball
+            joint (URDF has no spherical joint type), naming it.
     """
     tree = robot.tree
+    balls = [n for n, kind in zip(tree.all_joint_names, tree.joint_kinds) if kind == "ball"]
+    if balls:
+        raise ModelError(f"{robot.name}: joint '{balls[0]}' is a ball joint, which URDF cannot express (its joint "
+                         "types turn or slide about one axis); save the model with torch.save instead")
     values = _values(robot)
     kept = getattr(robot, "meta", {}).get("urdf", {})
     geometry = kept.get("geometry", {})

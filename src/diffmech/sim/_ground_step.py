@@ -82,6 +82,8 @@ def _ineligible(scene: Scene) -> str | None:
         return "no collision shape"
     if m.tree.coords is not None:
         return "mimic joints"
+    if m.tree.n_ball:
+        return "ball joints"
     kinds = sorted({sh.kind for shs in shapes.values() for sh in shs} - set(_KINDS))
     return f"{', '.join(kinds)} shapes" if kinds else None
 

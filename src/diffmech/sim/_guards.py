@@ -47,6 +47,9 @@ def dof_name(robot: RobotModel, i: int) -> str:
         if i < 6:
             return f"base twist component {i}"
         i -= 6
+    if robot.tree.n_ball:  # a ball joint has three velocity coordinates
+        names = [n for n, t in zip(robot.joint_names, robot.joint_types) for _ in range(3 if t == "ball" else 1)]
+        return f"joint '{names[i]}'"
     return f"joint '{robot.joint_names[i]}'"
 
 
@@ -56,6 +59,9 @@ def coord_name(robot: RobotModel, i: int) -> str:
         if i < 7:
             return f"base {'position' if i < 3 else 'quaternion'} coordinate {i if i < 3 else i - 3}"
         i -= 7
+    if robot.tree.n_ball:  # a ball joint has four configuration coordinates
+        names = [n for n, t in zip(robot.joint_names, robot.joint_types) for _ in range(4 if t == "ball" else 1)]
+        return f"joint '{names[i]}'"
     return f"joint '{robot.joint_names[i]}'"
 
 

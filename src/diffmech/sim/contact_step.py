@@ -58,6 +58,7 @@ from ..model.collision import Shape
 from ..spatial import quat_to_matrix, rpy_to_matrix, skew
 from ._ground_step import coefficients as ground_coefficients
 from ._ground_step import ground_advance, ground_velocity_update, has_limits, with_graph
+from .integrators import check_dt
 from .route import step_route, warn_unconverged
 from .scene import GROUND, Scene
 
@@ -444,6 +445,7 @@ def contact_step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, inf
     bit, with the same (implicit) gradient. The checkpointed adjoint's backward pass recomputes its
     steps so.
     """
+    check_dt(dt, "contact_step")
     for name, x, n in (("q", q, scene.nq), ("v", v, scene.nv), ("tau", tau, scene.nv)):
         if not isinstance(x, Tensor) or x.dim() < 1 or x.shape[-1] != n:
             raise ShapeError(f"contact_step: {name} must be a tensor (..., {n}) for this scene, got "

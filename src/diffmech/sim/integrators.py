@@ -50,10 +50,12 @@ from ..dynamics._common import (
     passive_forces,
     tree_state,
     tree_sum,
+    velocity_of_dofs,
     world_inertia,
 )
 from ..dynamics.aba import forward_dynamics_flat
 from ..dynamics.free_flyer import free_flyer_integrate, free_flyer_vjp
+from ..dynamics.kinematics import integrate_flat
 from ..errors import ModelError, OptionError, ShapeError
 from ..implicit import newton_solve
 from ..model.parameters import ModelTensors
@@ -64,6 +66,18 @@ __all__ = [
     "Integrator", "ExplicitEuler", "SemiImplicitEuler", "ExplicitMidpoint", "RK4", "VariationalMidpoint",
     "INTEGRATORS", "get_integrator",
 ]
+
+
+def check_dt(dt, who: str) -> float:
+    """``dt`` as a float; :class:`~diffmech.errors.ShapeError` naming ``who`` unless it is a positive
+    finite number of seconds (zero freezes a trajectory, a negative one runs it backwards)."""
+    try:
+        x = math.nan if isinstance(dt, (bool, str, bytes)) else float(dt)
+    except (TypeError, ValueError, RuntimeError):
+        x = math.nan
+    if not (math.isfinite(x) and x > 0):
+        raise ShapeError(f"{who}: dt must be a positive finite number of seconds, got {dt!r}")
+    return x
 
 
 def _accel(robot: RobotModel, q: Tensor, v: Tensor, tau: Tensor, f_ext: Tensor | None, passive: bool,
@@ -77,6 +91,8 @@ def _accel(robot: RobotModel, q: Tensor, v: Tensor, tau: Tensor, f_ext: Tensor |
 
 def _advance(robot: RobotModel, q: Tensor, v: Tensor, dt: float) -> Tensor:
     """Flat ``q (B, nq)`` moved with constant velocity ``v (B, nv)`` for ``dt`` (on the manifold)."""
+    if robot.tree.n_ball:
+        return integrate_flat(robot.tree, q, dt * v)
     if not robot.floating_base:
         return q + dt * v
     return free_flyer_integrate(q, dt * v)
@@ -84,6 +100,11 @@ def _advance(robot: RobotModel, q: Tensor, v: Tensor, dt: float) -> Tensor:
 
 def _advance_vjp(robot: RobotModel, q: Tensor, v: Tensor, dt: float, g: Tensor) -> tuple[Tensor, Tensor]:
     """Cotangents ``(qbar (B, nq), vbar (B, nv))`` of :func:`_advance` for ``g (B, nq)``, no graph."""
+    if robot.tree.n_ball:  # the quaternion steps of ball joints: by autograd
+        with torch.enable_grad():
+            q_, v_ = q.detach().requires_grad_(True), v.detach().requires_grad_(True)
+            qbar, vbar = torch.autograd.grad(integrate_flat(robot.tree, q_, dt * v_), (q_, v_), g)
+        return qbar, vbar
     if not robot.floating_base:
         return g, dt * g
     qbar, dvbar = free_flyer_vjp(q, dt * v, g)
@@ -120,10 +141,23 @@ def _dexpinv(robot: RobotModel, omega: Tensor, k: Tensor, terms: int) -> Tensor:
     With ``T(t) = T0 exp(Omega(t))`` and body twist ``V = T^{-1} dT/dt``,
     ``dOmega/dt = dexp^{-1}_{-Omega}(V) = V + 1/2 [Omega, V] + 1/12 [Omega, [Omega, V]] + ...``;
     ``terms`` brackets are kept (an RK method of order p needs p - 2). Joint coordinates are
-    Euclidean and pass through unchanged.
+    Euclidean and pass through unchanged; a ball joint's angular velocity takes the same series on
+    SO(3), ``k + 1/2 Omega x k + 1/12 Omega x (Omega x k)``.
     """
-    if not robot.floating_base or terms == 0:
+    if not (robot.floating_base or robot.tree.n_ball) or terms == 0:
         return k
+    if robot.tree.n_ball:
+        tb = robot.tree.tables(k.dtype, k.device)
+        B, n = k.shape[0], robot.tree.n_ball
+        w = omega.index_select(1, tb.ball_v).reshape(B, n, 3)
+        kb = k.index_select(1, tb.ball_v).reshape(B, n, 3)
+        ad1 = torch.linalg.cross(w, kb, dim=-1)
+        out = kb + 0.5 * ad1
+        if terms > 1:
+            out = out + torch.linalg.cross(w, ad1, dim=-1) / 12.0
+        k = k.index_copy(1, tb.ball_v, out.reshape(B, 3 * n))
+        if not robot.floating_base:
+            return k
     w, kb = omega[:, :6], k[:, :6]
     ad1 = spatial.motion_cross(w, kb)
     out = kb + 0.5 * ad1
@@ -199,7 +233,7 @@ class _LagrangianPass:
         self.vT = vT = v.transpose(0, 1)
         self.V = V = tree_sum(conf.mask_bd, S * vT[:, None])  # (nb, 6, B) body velocities
         # d/dt S_d = V_body(d) x S_d (without a floating base, DoF d is body d).
-        self.Sdot = motion_cross(V[conf.tables.dof_body] if robot.tree.nfree else V, S)  # (nv, 6, B)
+        self.Sdot = motion_cross(velocity_of_dofs(robot.tree, V), S)  # (nv, 6, B)
         self.IV = inertia.apply(V)
         # The forces that hold every body at rest against gravity, I a_g with a_g = (-g; 0):
         # (-m g; h x -g), written out (a fifth of the operations of inertia.apply).
@@ -307,12 +341,13 @@ class Integrator(abc.ABC):
             ``q_next (..., nq)``, ``v_next (..., nv)`` with the broadcast batch shape.
         """
         self.check_robot(robot)
+        dt = check_dt(dt, f"integrator '{self.name}'")
         entries = [("q", q, (robot.nq,)), ("v", v, (robot.nv,)), ("tau", tau, (robot.nv,))]
         if f_ext is not None:
             entries.append(("f_ext", f_ext, (robot.n_links, 6)))
         flat, batch = _flatten(robot, entries)
         fe = flat[3] if f_ext is not None else None
-        q1, v1 = self.step_flat(robot, flat[0], flat[1], flat[2], float(dt), fe, passive)
+        q1, v1 = self.step_flat(robot, flat[0], flat[1], flat[2], dt, fe, passive)
         return q1.reshape(*batch, robot.nq), v1.reshape(*batch, robot.nv)
 
     step = __call__
@@ -321,6 +356,9 @@ class Integrator(abc.ABC):
         """Raise :class:`~diffmech.errors.ModelError` if this integrator cannot simulate ``robot``."""
         if self.implicit and robot.tree.coords is not None:
             raise ModelError(f"integrator '{self.name}' does not support mimic joints ('{robot.name}' has some); "
+                             "use 'semi_implicit_euler', 'euler', 'midpoint' or 'rk4'")
+        if self.implicit and robot.tree.n_ball:
+            raise ModelError(f"integrator '{self.name}' does not support ball joints ('{robot.name}' has some); "
                              "use 'semi_implicit_euler', 'euler', 'midpoint' or 'rk4'")
         if robot.floating_base and not self.supports_floating_base:
             raise ModelError(

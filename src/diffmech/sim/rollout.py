@@ -1025,8 +1025,8 @@ def rollout(
             names = _param_names(robot, policy, extra)
             cfg.param_names = [names.get(id(p), f"a parameter of shape {tuple(p.shape)}") for p in all_params]
             # Recorded accelerations feed the hand-written reverse steps, which work in joint space:
-            # with mimic joints the steps are replayed under autograd instead.
-            cfg.record = robot.tree.coords is None
+            # with mimic or ball joints the steps are replayed under autograd instead.
+            cfg.record = robot.tree.coords is None and not robot.tree.n_ball
             Q, V = _CheckpointRollout.apply(cfg, q0f, v0f, tauf, fef, *all_params)
         else:
             with torch.no_grad():
