@@ -104,6 +104,15 @@ def test_usage_errors(tmp_path, capsys, cmd, extra, option):
     (["eigenmode", "stabilize", "{tmp}", "--monodromy-steps", "1"], "--monodromy-steps"),
     (["eigenmode", "stabilize", "{tmp}", "--damping", "-1"], "--damping"),
     (["rl", "transplant", "{tmp}", "--episodes", "0"], "--episodes"),
+    (["info", "{tmp}/x.urdf", "--batch", "0"], "--batch"),
+    (["view", "{tmp}/x.urdf", "--dt", "0"], "--dt"),
+    (["view", "{tmp}/x.urdf", "--max-faces", "-3"], "--max-faces"),
+    (["view", "{tmp}/x.urdf", "--q", "nan"], "--q"),
+    (["view", "{tmp}/x.urdf", "--out", ""], "--out"),
+    (["demo", "--batch", "0"], "--batch"),
+    (["demo", "--points", "1"], "--points"),
+    (["demo", "--tol", "-1e-8"], "--tol"),
+    (["demo", "--out", ""], "--out"),
 ])
 def test_more_usage_errors(tmp_path, capsys, argv, option):
     rc, text = run_cli([a.replace("{tmp}", str(tmp_path)) for a in argv], capsys)

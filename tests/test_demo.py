@@ -69,8 +69,12 @@ def test_demo_fails_loudly_on_a_broken_round_trip(tmp_path):
         run_demo(tmp_path, ["pendulum"], batch=4, points=3, tol=-1.0, plots=False, progress=False, echo=False)
     report = json.loads((tmp_path / "report.json").read_text())
     assert not report["ok"] and report["failures"]
-    assert cli.main(["demo", "--out", str(tmp_path), "--robots", "pendulum", "--tol", "-1", "--no-plots",
-                     "--no-progress"]) == 1
+    # through the CLI: a tolerance below rounding cannot be met either (exit 1); a negative one is a usage error
+    assert cli.main(["demo", "--out", str(tmp_path), "--robots", "double_pendulum", "--tol", "1e-300", "--no-plots",
+                     "--no-progress", "--batch", "4", "--points", "3"]) == 1
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["demo", "--out", str(tmp_path), "--tol", "-1"])
+    assert exit_.value.code == 2
 
 
 def test_demo_rejects_unknown_robot(tmp_path, capsys):

@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from .cli_checks import finite_float, int_at_least, out_path, positive_float, positive_int
 from .errors import DiffmechError
 
 
@@ -21,7 +22,8 @@ def _parser() -> argparse.ArgumentParser:
                                       "states (float64).")
     info.add_argument("urdf", help="path of the URDF file")
     info.add_argument("--floating-base", action="store_true", help="attach the root link by a free joint")
-    info.add_argument("--batch", type=int, default=32, help="random states of the round trip (default: %(default)s)")
+    info.add_argument("--batch", type=positive_int, default=32,
+                      help="random states of the round trip (default: %(default)s)")
     info.add_argument("--json", action="store_true", help="print the row as JSON instead of a table")
     view = sub.add_parser(
         "view", help="write an animated 3-D view of a URDF as one self-contained HTML page",
@@ -29,31 +31,32 @@ def _parser() -> argparse.ArgumentParser:
                     "or along a trajectory, as an HTML page that opens offline (plotly.js inline).",
     )
     view.add_argument("urdf", help="path of the URDF file")
-    view.add_argument("--q", nargs="+", type=float, default=None, metavar="V",
+    view.add_argument("--q", nargs="+", type=finite_float, default=None, metavar="V",
                       help="one configuration, nq numbers (default: the neutral configuration)")
     view.add_argument("--trajectory", default=None, metavar="FILE",
                       help="configurations, one per row: .npy, or text/CSV with nq columns")
-    view.add_argument("--dt", type=float, default=None, help="seconds between trajectory rows (slider labels)")
+    view.add_argument("--dt", type=positive_float, default=None, help="seconds between trajectory rows (slider labels)")
     view.add_argument("--floating-base", action="store_true", help="attach the root link by a free joint")
     view.add_argument("--geometry", choices=("auto", "visual", "collision"), default="auto",
                       help="what to draw (default: %(default)s: visual meshes, collision shapes where none)")
-    view.add_argument("--max-faces", type=int, default=None,
+    view.add_argument("--max-faces", type=positive_int, default=None,
                       help="triangles per frame (default: chosen from the trajectory length)")
-    view.add_argument("--out", default="traj.html", help="HTML file to write (default: %(default)s)")
+    view.add_argument("--out", type=out_path, default="traj.html", help="HTML file to write (default: %(default)s)")
     demo = sub.add_parser(
         "demo", help="load every robot at hand, check that forward dynamics inverts inverse dynamics, write a report",
         description="Load the bundled systems and every installed robot description, check "
                     "forward_dynamics(inverse_dynamics(q, v, a)) == a on random states, sweep the joints, "
                     "and write report.json plus one PNG per robot.",
     )
-    demo.add_argument("--out", default="results/demo", help="output folder (default: %(default)s)")
+    demo.add_argument("--out", type=out_path, default="results/demo", help="output folder (default: %(default)s)")
     demo.add_argument("--robots", default=None,
                       help="comma-separated robot names (default: all; see --list)")
     demo.add_argument("--list", action="store_true", help="list the robots the demo knows and exit")
-    demo.add_argument("--batch", type=int, default=128, help="random states per robot (default: %(default)s)")
-    demo.add_argument("--points", type=int, default=101, help="configurations per sweep (default: %(default)s)")
+    demo.add_argument("--batch", type=positive_int, default=128, help="random states per robot (default: %(default)s)")
+    demo.add_argument("--points", type=int_at_least(2), default=101,
+                      help="configurations per sweep (default: %(default)s)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
-    demo.add_argument("--tol", type=float, default=1e-8,
+    demo.add_argument("--tol", type=positive_float, default=1e-8,
                       help="largest accepted relative round-trip error (default: %(default)s)")
     demo.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")

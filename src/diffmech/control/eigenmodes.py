@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -523,8 +524,15 @@ class EigenmodeTrainer:
     def save(self) -> None:
         os.makedirs(self.out, exist_ok=True)
         path = os.path.join(self.out, "checkpoint.pt")
-        torch.save(self.state_dict(), path + ".tmp")
-        os.replace(path + ".tmp", path)
+        # a name of this writer's own, renamed into place: a run interrupted mid-write, or another
+        # process writing the same run, never leaves a truncated checkpoint.pt
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            torch.save(self.state_dict(), tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
         self.write_history()
         with open(os.path.join(self.out, "config.json"), "w") as f:
             json.dump(self.cfg.to_dict(), f, indent=2)
