@@ -73,7 +73,7 @@ def time_diffmech(K: int, T: int, together: bool, repeats: int) -> dict:
             best = cell if best is None or sum(cell) < sum(best) else best
         return {"forward_ms_per_step": best[0], "backward_ms_per_step": best[1],
                 "contacts_last_step": st.get("contact_candidates"),
-                "final_z_min": float(Q[-1].reshape(-1)[2::7].min())}
+                "final_z_min": Q[-1].reshape(-1)[2::7].min().item()}
     finally:
         cs._free_bodies = original
 
