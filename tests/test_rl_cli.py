@@ -53,7 +53,7 @@ def test_train_sb3_sac_and_eval(tmp_path, capsys):
 def test_bad_setting_is_an_error(tmp_path, capsys):
     rc = main(["rl", "train", "--env", "nlink-reach", "--algo", "shac", "--seed", "0", "--out", str(tmp_path / "x"),
                "--steps", "8", "--set", "no_such=1"])
-    assert rc == 1 and "no_such" in capsys.readouterr().err
+    assert rc == 2 and "no_such" in capsys.readouterr().err  # a usage error, as a value of the wrong type
     rc = main(["rl", "train", "--env", "ant", "--algo", "shac", "--seed", "0", "--out", str(tmp_path / "y"),
                "--env-set", "frame_skip=0"])
     assert rc == 1 and "frame_skip" in capsys.readouterr().err

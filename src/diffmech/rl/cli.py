@@ -21,7 +21,7 @@ from ..cli_checks import (
     prepare_run_folder,
     torch_device,
 )
-from ..errors import DiffmechError
+from ..errors import DiffmechError, OptionError
 from ..sweeps import add_sweep_options
 from .train import ALGOS, DEFAULT_STEPS, ENVS
 
@@ -161,7 +161,10 @@ def _settings(algo: str, env: str, overrides: dict):
     from .train import TASK_DEFAULTS, _config
 
     defaults = _config(algo, dict(TASK_DEFAULTS.get((env, algo), {})))
-    cfg = _config(algo, {**TASK_DEFAULTS.get((env, algo), {}), **overrides})  # unknown names fail here
+    try:
+        cfg = _config(algo, {**TASK_DEFAULTS.get((env, algo), {}), **overrides})  # unknown names fail here
+    except OptionError as exc:  # a name the algorithm does not have is a usage error, as a wrong type is
+        raise UsageError(f"--set: {exc}") from None
     if dataclasses.is_dataclass(defaults):
         for k, v in overrides.items():
             d = getattr(defaults, k)
