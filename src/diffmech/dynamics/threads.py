@@ -7,7 +7,8 @@ they take the core the calling thread needs. Measured on 2 cores with other proc
 inverse dynamics of a 7-DoF arm at a batch of 64 took 0.9 ms at one thread and 91 ms at two; at a
 batch of 16384, 46 ms against 633 ms. Policy ``"auto"`` (the default) therefore runs a call on one
 thread unless its work is large (:data:`LARGE_WORK`) and the machine has a core to spare (the
-one-minute load average below the CPU count less one), in which case torch's own setting stands.
+one-minute load average, which counts this process's own running thread, at least
+:data:`SPARE_CORES` below the CPU count), in which case torch's own setting stands.
 
 ``DIFFMECH_THREADS`` (or :func:`set_threads`): ``"auto"``, ``"torch"`` (never touch torch's setting),
 or a number of threads for every call. The decision is made per call of a public function (the
@@ -35,6 +36,9 @@ __all__ = ["LARGE_WORK", "set_threads", "threads_for", "using", "hold", "one_thr
 
 # Floating-point work (batch x nv^2) from which a call may use several threads on an idle machine.
 LARGE_WORK = 1 << 19
+# CPUs minus the load average from which another core counts as free: a process running alone on an
+# otherwise idle machine puts the load near 1, plus the background's fraction of a core.
+SPARE_CORES = 0.5
 
 
 def _from_environment() -> str | int:
@@ -93,7 +97,7 @@ def threads_for(work: int) -> int | None:
         return None
     if isinstance(p, int):
         return p
-    if work >= LARGE_WORK and _spare_cores() >= 1.0:
+    if work >= LARGE_WORK and _spare_cores() >= SPARE_CORES:
         return None
     return 1
 
