@@ -36,13 +36,14 @@ def _seen(model, q):
 
 def test_small_calls_run_on_one_thread_and_give_the_count_back(two_threads, monkeypatch):
     monkeypatch.setattr(threads, "_spare_cores", lambda: 2.0)  # an idle machine
-    assert _seen(_Model(), torch.zeros(64, 7)) == 1  # 64 x 49 << LARGE_WORK
+    assert _seen(_Model(), torch.zeros(64, 7)) == 1  # 64 x 49 < SMALL_WORK
     assert _seen(_Model(), q=torch.zeros(64, 7)) == 1  # by name too
     assert torch.get_num_threads() == 2
-    big = torch.zeros(threads.LARGE_WORK // 49 + 1, 7)
-    assert _seen(_Model(), big) == 2  # large work, a core to spare: torch's setting
-    monkeypatch.setattr(threads, "_spare_cores", lambda: 0.2)  # busy
+    big = torch.zeros(threads.SMALL_WORK // 49 + 1, 7)
+    assert _seen(_Model(), big) == 2  # enough work, a core to spare: torch's setting
+    monkeypatch.setattr(threads, "_spare_cores", lambda: 0.2)  # busy: one thread at any size
     assert _seen(_Model(), big) == 1
+    assert _seen(_Model(), torch.zeros(1 << 16, 7)) == 1
     assert torch.get_num_threads() == 2
 
 

@@ -1,14 +1,14 @@
 """How many CPU threads a diffmech call uses: decided here, beside the route (see ``BENCHMARKS.md``,
 "Threads").
 
-torch's intra-op threads help large tensors on an idle machine and hurt everything else: after a
-parallel region its OpenMP workers spin for a while, and on a machine whose cores are already busy
-they take the core the calling thread needs. Measured on 2 cores with other processes running,
-inverse dynamics of a 7-DoF arm at a batch of 64 took 0.9 ms at one thread and 91 ms at two; at a
-batch of 16384, 46 ms against 633 ms. Policy ``"auto"`` (the default) therefore runs a call on one
-thread unless its work is large (:data:`LARGE_WORK`) and the machine has a core to spare (the
-one-minute load average, which counts this process's own running thread, at least
-:data:`SPARE_CORES` below the CPU count), in which case torch's own setting stands.
+torch's intra-op threads help on an idle machine and hurt on a busy one: after a parallel region its
+OpenMP workers spin for a while, and when other processes keep the cores busy they take the core the
+calling thread needs. Measured on 2 cores with other processes running, inverse dynamics of a 7-DoF arm
+at a batch of 64 took 0.9 ms at one thread and 91 ms at two; at a batch of 16384, 46 ms against
+633 ms. Policy ``"auto"`` (the default) therefore runs a call on one thread when the machine has no
+core to spare (the one-minute load average, which counts this process's own running thread, less
+than :data:`SPARE_CORES` below the CPU count) or when its work is too small for a parallel region to
+pay (:data:`SMALL_WORK`); otherwise torch's own setting stands.
 
 ``DIFFMECH_THREADS`` (or :func:`set_threads`): ``"auto"``, ``"torch"`` (never touch torch's setting),
 or a number of threads for every call. The decision is made per call of a public function (the
@@ -31,11 +31,12 @@ import torch
 
 from ..errors import OptionError
 
-__all__ = ["LARGE_WORK", "set_threads", "threads_for", "using", "hold", "one_thread", "decided", "decided_backward",
-           "policy"]
+__all__ = ["SMALL_WORK", "SPARE_CORES", "set_threads", "threads_for", "using", "hold", "one_thread", "decided",
+           "decided_backward", "policy"]
 
-# Floating-point work (batch x nv^2) from which a call may use several threads on an idle machine.
-LARGE_WORK = 1 << 19
+# Work (batch x nv^2) below which a call runs on one thread whatever the load: a parallel region
+# cannot pay for itself there, and its workers' spinning can only cost.
+SMALL_WORK = 1 << 12
 # CPUs minus the load average from which another core counts as free: a process running alone on an
 # otherwise idle machine puts the load near 1, plus the background's fraction of a core.
 SPARE_CORES = 0.5
@@ -97,7 +98,7 @@ def threads_for(work: int) -> int | None:
         return None
     if isinstance(p, int):
         return p
-    if work >= LARGE_WORK and _spare_cores() >= SPARE_CORES:
+    if work >= SMALL_WORK and _spare_cores() >= SPARE_CORES:
         return None
     return 1
 
