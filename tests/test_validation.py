@@ -63,7 +63,8 @@ def test_a_sound_arm_loads_and_simulates():
 
 
 def test_singular_inertia_on_a_floating_base_is_refused_by_link_and_value():
-    pybullet_data = pytest.importorskip("pybullet_data")
+    import pybullet_data  # a required test oracle (the test extra): missing, it fails
+
     path = os.path.join(pybullet_data.getDataPath(), "random_urdfs", "000", "000.urdf")
     msg = _refused(path, "floating base's angular velocity z", "'random_obj_000'", "inertia diagonal [1.0, 1.0, 0.0]",
                    floating_base=True)
@@ -134,8 +135,7 @@ def test_the_builders_and_mjcf_take_the_same_rules(tmp_path):
     bad.links.append(LinkSpec("c", 1.0, com=(0.1, 0, 0)))
     with pytest.raises(ModelError, match="<memory>: joint 'k': mimic multiplier is NaN"):
         diffmech.RobotModel(bad)
-    pytest.importorskip("mujoco")
-    from diffmech.model.mjcf import load_mjcf
+    from diffmech.model.mjcf import load_mjcf  # MuJoCo's compiler: a required test oracle
 
     path = tmp_path / "coax.xml"  # MuJoCo compiles it (its floor is 1e-15); the mass matrix is singular
     path.write_text("""<mujoco model="coax"><worldbody><body name="a" pos="0 0 1"><joint name="j1" axis="0 0 1"/>
