@@ -38,6 +38,13 @@ def test_info_floating_base(capsys):
     assert main(["info", robot_path("floating_pair"), "--floating-base", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)
     assert row["floating_base"] and row["nq"] == row["nv"] + 1
+    # the values: the total mass is the URDF's link masses summed (read here with ElementTree), and the
+    # floating base's inverse/forward dynamics round trip closes
+    import xml.etree.ElementTree as ET
+
+    masses = [float(m.get("value")) for m in ET.parse(robot_path("floating_pair")).getroot().iter("mass")]
+    assert len(masses) >= 2 and row["total_mass"] == pytest.approx(sum(masses), rel=1e-12)
+    assert row["roundtrip"]["max_rel_err"] < 1e-10
 
 
 def test_info_errors(tmp_path, capsys):

@@ -99,6 +99,19 @@ def test_cli_stabilize_and_figures(tmp_path):
     with open(os.path.join(out, "metrics.json")) as f:
         m = json.load(f)
     assert len(m["multipliers"]) == 3 and m["max_multiplier"] == max(m["multipliers"])
+    # the values, not only the files: metrics.json's multipliers are stabilize.json's, and the monodromy
+    # matrices by autodiff and by central differences (two independent routes) agree
+    with open(os.path.join(out, "stabilize.json")) as f:
+        st = json.load(f)
+    assert m["multipliers"] == st["multipliers"] and m["max_multiplier"] == st["max_multiplier"]
+    fl = st["floquet"]
+    print(f"monodromy |AD - FD| {fl['monodromy_max_abs_difference']:.2e} of {fl['monodromy_max_abs']:.2e}; "
+          f"moduli AD {m['multipliers']} FD {m['multipliers_fd']}")
+    assert fl["steps_per_period"] == 41 and fl["monodromy_max_abs"] > 0.1
+    # measured 2026-12-07: |AD - FD| 3.7e-7 of 7.2 (5e-8 relative); moduli 5.28, 0.0506, 3.7e-7 agree to
+    # 5e-8 relative and 3e-9 absolute
+    assert fl["monodromy_max_abs_difference"] < 1e-6 * fl["monodromy_max_abs"]
+    assert sorted(m["multipliers_fd"]) == pytest.approx(sorted(m["multipliers"]), rel=1e-6, abs=1e-7)
     for name in ("mode.png", "potential.png", "control.png", "training.png", "mode.gif", "stabilize.png",
                  "multipliers.png", "efficiency.png", "stabilize.gif"):
         assert os.path.getsize(os.path.join(out, name)) > 1000, name
@@ -111,7 +124,9 @@ def test_stabilize_defaults_scale_with_a_smoke_test_run(tmp_path, caplog):
     import logging
 
     out = str(tmp_path / "run")
-    assert main(["eigenmode", "learn", "--config", "tiny", "--epochs", "2", "--out", out, "--no-progress"]) == 0
+    # no learn plots: this test reads stabilize.json only (the figures are test_cli_stabilize_and_figures')
+    assert main(["eigenmode", "learn", "--config", "tiny", "--epochs", "2", "--out", out, "--no-progress",
+                 "--no-plots"]) == 0
     caplog.set_level(logging.INFO, logger="diffmech")
     with pytest.warns(UserWarning, match="stored orbit"):
         assert main(["eigenmode", "stabilize", out, "--no-plots"]) == 0

@@ -6,14 +6,16 @@ import csv
 import json
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 from diffmech.cli import main
 from diffmech.errors import DiffmechError
-from diffmech.learn import MODEL_NAMES, PRESETS, TrainConfig, run
+from diffmech.learn import MODEL_NAMES, PRESETS, TrainConfig, load_run_model, make_dataset, run, step_samples
 from diffmech.learn import cli as learn_cli
 from diffmech.learn.figures import comparison_markdown
+from diffmech.learn.metrics import one_step_losses
 from diffmech.learn.sweep import sweep
 
 METRIC_KEYS = ("train_loss", "test_loss", "integration_loss", "energy_loss", "inertia_loss", "integration_median",
@@ -56,6 +58,23 @@ def test_symo_train_through_the_cli(tmp_path, capsys):
         rows = list(csv.DictReader(f))
     assert [int(r["epoch"]) for r in rows] == [1, 2]
     assert "integration_loss=" in capsys.readouterr().out
+    # the numbers, not only the files: the history's last row is metrics.json's final objectives ...
+    assert float(rows[-1]["train_objective"]) == m["final_train_objective"]
+    assert float(rows[-1]["test_objective"]) == m["final_test_objective"]
+    # ... the integration errors are those of the stored rollout (positions: the pendulum has 1 DoF) ...
+    z = np.load(out / "rollout.npz")
+    per_traj = ((z["q"] - z["true"][..., :1]) ** 2).mean(axis=(1, 2))
+    assert z["q"].shape == (2, 10, 1) and m["integration_loss"] == pytest.approx(per_traj.mean(), rel=1e-12)
+    assert m["integration_median"] == pytest.approx(np.median(per_traj), rel=1e-12)
+    # ... and the test error is the saved model's on the test set, solved again here
+    c, system, model = load_run_model(out)
+    ds = make_dataset(c.system, c.h, seed=c.data_seed, int_seed=c.int_seed, n_samples=c.n_samples, n_steps=c.n_steps,
+                      n_int=c.n_int, int_steps=c.int_steps)
+    test_b = step_samples(ds.test, system.n, dtype=torch.float32)
+    assert len(test_b) == 4 * 32  # 4 test trajectories of 32 transitions
+    te = one_step_losses(model, "symo", test_b, "test", tol=c.newton_tol, max_iter=c.newton_max_iter)
+    assert te["loss"] == pytest.approx(m["test_loss"], rel=1e-6)
+    assert te["positions"] == pytest.approx(m["test_loss_positions"], rel=1e-6)
     # a second train into the same folder without --resume is refused; evaluate rewrites the metrics
     assert main(["symo", "train", "--model", "symo", "--n-ics", "2", "--epochs", "2", "--out", str(out),
                  "--n-samples", "8", "--n-int", "2", "--int-steps", "10", "--no-progress"]) == 1
@@ -113,7 +132,13 @@ def test_sweep_resumes_and_figures(tmp_path):
     rows = sweep(base, tmp_path, models=("node-midpoint", "symo"), n_ics=(2,), workers=1, progress=False)
     assert [(r["model"], r["n_ics"]) for r in rows] == [("node-midpoint", 2), ("symo", 2)]
     with open(tmp_path / "summary.csv") as f:
-        assert len(list(csv.DictReader(f))) == 2
+        summary = list(csv.DictReader(f))
+    assert len(summary) == 2
+    # the summary's numbers are the runs' own metrics.json values
+    for row in summary:
+        m = json.loads((tmp_path / row["model"] / "N2" / "metrics.json").read_text())
+        for key in ("test_loss", "integration_loss", "integration_median", "energy_loss_consistent"):
+            assert float(row[key]) == m[key], (row["model"], key)
     stamp = (tmp_path / "symo" / "N2" / "metrics.json").stat().st_mtime_ns
     rows2 = sweep(base, tmp_path, models=("node-midpoint", "symo"), n_ics=(2,), workers=1, progress=False)
     assert rows2 == rows and (tmp_path / "symo" / "N2" / "metrics.json").stat().st_mtime_ns == stamp

@@ -11,6 +11,7 @@ import warnings
 import numpy as np
 import pytest
 
+from diffmech._cache import PrivateTempDir
 from diffmech.learn import data
 from diffmech.learn.data import DataCacheWarning, DatasetFileError, load_dataset, make_dataset
 
@@ -30,7 +31,7 @@ def _same(a, b) -> bool:
 def _fresh_warnings(monkeypatch):
     # each test sees its own "warn once" state and fallback directory
     monkeypatch.setattr(data, "_WARNED", set())
-    monkeypatch.setattr(data, "_FALLBACK", [])
+    monkeypatch.setattr(data, "_FALLBACK", PrivateTempDir("diffmech-symo-test-"))
 
 
 def test_truncated_file_is_rebuilt_with_one_warning(tmp_path):
@@ -81,7 +82,7 @@ def test_unwritable_cache_dir_falls_back_with_one_warning(tmp_path, monkeypatch)
     assert len([w for w in rec if issubclass(w.category, DataCacheWarning)]) == 1
     assert _same(a, b)
     assert _files(cache) == []
-    assert len(list(data._FALLBACK[0].glob("*.npz"))) == 1
+    assert len(list(data._FALLBACK.current.glob("*.npz"))) == 1
 
 
 def test_cache_dir_that_is_a_file_falls_back(tmp_path):

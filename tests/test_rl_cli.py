@@ -29,6 +29,7 @@ def test_train_and_eval_shac(tmp_path, capsys):
     rows = list(csv.DictReader(open(out / "curve.csv")))
     assert float(rows[0]["env_steps"]) == 0 and float(rows[-1]["env_steps"]) == 64
     assert max(float(r["eval_return"]) for r in rows) == pytest.approx(metrics["max_return"])
+    assert float(rows[-1]["eval_return"]) == metrics["final_return"]
     config = json.loads((out / "config.json").read_text())
     assert config["algo_config"]["hidden"] == [16, 16] and config["env_kwargs"] == {"reset_noise": 0.05}
     assert (out / "curve.png").stat().st_size > 0 and (out / "checkpoint.pt").exists()
@@ -40,12 +41,28 @@ def test_train_and_eval_shac(tmp_path, capsys):
     assert main(["rl", "eval", str(out), "--final", "--no-gif"]) == 0
     fin = json.loads(capsys.readouterr().out)
     assert fin["policy"] == "final" and math.isfinite(fin["return"])
+    # the value, not only its presence: the episode's return telescopes to the change of the tip's squared
+    # distance to the target, here from the robot's general forward kinematics along the same episode
+    from diffmech.rl.train import _load_policy, evaluate, make_env
+
+    env = make_env("nlink-reach", 1, links=2, seed=config["seed"] + 20_000, **config["env_kwargs"])
+    ret, qs, _ = evaluate(env, _load_policy(out, config, env, "final"), record=True)
+    assert ret == pytest.approx(fin["return"], rel=1e-6) and fin["steps"] == qs.shape[0] - 1 == 100
+    tip = env.robot.link_pose(qs.double(), "tip")[..., :3, 3]
+    d2 = (tip - env.target.double()).square().sum(-1)
+    assert fin["return"] == pytest.approx(float(d2[0] - d2[-1]), abs=1e-5)
+    assert abs(fin["return"]) > 1e-3  # the tip moved: the comparison is not trivially satisfied
 
 
 def test_train_sb3_sac_and_eval(tmp_path, capsys):
     pytest.importorskip("stable_baselines3")
     out = _train(tmp_path, "sac", "--steps", "40", "--set", "learning_starts=20", "--set", "batch_size=8")
-    assert json.loads((out / "metrics.json").read_text())["env_steps"] == 40
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["env_steps"] == 40
+    rows = list(csv.DictReader(open(out / "curve.csv")))
+    assert [float(r["env_steps"]) for r in rows] == [0, 20, 40]
+    assert max(float(r["eval_return"]) for r in rows) == metrics["max_return"]
+    assert float(rows[-1]["eval_return"]) == metrics["final_return"]
     assert (out / "model.zip").exists() and (out / "model_best.zip").exists()
     assert main(["rl", "eval", str(out), "--no-gif"]) == 0
 

@@ -369,3 +369,77 @@ def test_guards_do_not_change_gradients():
         q, v = rollout(robot, q0, torch.zeros(2, 2, dtype=DT), policy, 0.01, steps=70, max_energy_growth=growth)
         out.append(torch.autograd.grad((q**2).sum(), [q0, *policy.parameters()]))
     _assert_same(out[0], out[1], tol=1e-300)
+
+
+# ---------------------------------------------------------------- a scene's inputs, checked where they enter
+def _ball_scene():
+    from diffmech.sim import Scene
+
+    return Scene({"ball": systems.sphere(0.1, 1.0)}, friction=0.5)
+
+
+@pytest.mark.parametrize("adjoint", ["checkpoint", "autograd"])
+@pytest.mark.parametrize("case, pattern", [
+    ("v0 nan", r"'v0' is not finite in batch element \(1,\): model 'ball', base twist component 4 = nan"),
+    ("q0 inf", r"'q0' is not finite in batch element \(0,\): model 'ball', base position coordinate 2 = inf"),
+    ("zero quaternion", r"'q0' holds a quaternion of norm 0 in batch element \(1,\): model 'ball', base quaternion "
+                        r"\(coordinates 3..6"),
+    ("quaternion of norm 2", r"'q0' holds a quaternion of norm 2 in batch element \(0,\)"),
+    ("tau 1e300", r"'tau' is beyond 1e\+09 in magnitude \(SI units\?\) at step 7 \(t = 0.007 s\) in batch element "
+                  r"\(1,\), model 'ball', base twist component 5: 1e\+300"),
+    ("tau nan", r"'tau' is not finite at step 3 .*model 'ball', base twist component 0: nan"),
+    ("v0 1e12", r"'v0' is beyond 1e\+09 in magnitude .*base twist component 0 = 1e\+12"),
+])
+def test_scene_rollout_names_the_bad_input(adjoint, case, pattern):
+    """Before, each of these raised 'the mass matrix is not positive definite (a massless moving link?)'
+    from inside the first step, naming neither the argument nor the step."""
+    scene = _ball_scene()
+    q0 = torch.tensor([[0, 0, 0.5, 0, 0, 0, 1.0]] * 2, dtype=DT)
+    v0 = torch.zeros(2, 6, dtype=DT)
+    tau = torch.zeros(2, 10, 6, dtype=DT)
+    if case == "v0 nan":
+        v0[1, 4] = math.nan
+    elif case == "q0 inf":
+        q0[0, 2] = math.inf
+    elif case == "zero quaternion":
+        q0[1, 3:] = 0.0
+    elif case == "quaternion of norm 2":
+        q0[0, 3:] *= 2.0
+    elif case == "tau 1e300":
+        tau[1, 7, 5] = 1e300
+    elif case == "tau nan":
+        tau[0, 3, 0] = math.nan
+    elif case == "v0 1e12":
+        v0[0, 0] = 1e12
+    with pytest.raises(SimulationError, match=pattern):
+        rollout(scene, q0, v0, tau, 1e-3, adjoint=adjoint)
+
+
+def test_scene_rollout_accepts_a_quaternion_rounded_to_float32():
+    scene = _ball_scene().to(torch.float32)
+    q0 = torch.tensor([0, 0, 0.5, 0.1, 0.2, 0.3, 0.0], dtype=torch.float32)
+    q0[6] = math.sqrt(1 - 0.14)  # norm 1 to float32 rounding
+    q, _ = rollout(scene, q0, torch.zeros(6), torch.zeros(5, 6), 1e-3)
+    assert torch.isfinite(q).all()
+
+
+@pytest.mark.parametrize("adjoint", ["checkpoint", "autograd"])
+def test_scene_policy_output_nan_names_the_step_it_entered(adjoint):
+    """A policy that returns NaN at step 5: the state after step 5 is not finite, and the error says so
+    (the free body's step propagates it; the next step's factorisation finds it)."""
+    scene = _ball_scene()
+
+    def policy(t, q, v):
+        return torch.full_like(v, math.nan) if round(t / 1e-3) == 5 else torch.zeros_like(v)
+
+    q0 = torch.tensor([0, 0, 0.5, 0, 0, 0, 1.0], dtype=DT)
+    with pytest.raises(SimulationError, match=r"the state after step 5 \(t = 0.006 s\) is not finite \('q' of model "
+                                              r"'ball' is not finite in batch element 0"):
+        rollout(scene, q0, torch.zeros(6, dtype=DT), policy, 1e-3, steps=10, adjoint=adjoint)
+
+
+def test_floating_base_rollout_refuses_a_zero_quaternion():
+    robot = systems.sphere(0.1, 1.0)
+    q0 = torch.tensor([0, 0, 0.5, 0, 0, 0, 0.0], dtype=DT)
+    with pytest.raises(SimulationError, match=r"'q0' holds a quaternion of norm 0: base quaternion"):
+        rollout(robot, q0, torch.zeros(6, dtype=DT), torch.zeros(5, 6, dtype=DT), 1e-3)

@@ -499,7 +499,7 @@ def test_unphysical_parameters_are_refused_by_name(tmp_path):
     robot = copy.deepcopy(get_robot("iiwa"))
     with torch.no_grad():
         robot.link_params("iiwa_link_3").mass.fill_(-1.0)
-    with pytest.raises(ModelError, match="link 'iiwa_link_3' has a negative mass"):
+    with pytest.raises(ModelError, match="link 'iiwa_link_3': mass -1.0 is negative; cannot write a URDF that loads"):
         robot.to_urdf()
     robot = copy.deepcopy(get_robot("iiwa"))
     with torch.no_grad():
@@ -509,9 +509,19 @@ def test_unphysical_parameters_are_refused_by_name(tmp_path):
     robot = copy.deepcopy(get_robot("iiwa"))
     with torch.no_grad():
         robot.joint_params("iiwa_joint_2").origin_xyz[1] = float("nan")
-    with pytest.raises(ModelError, match="joint 'iiwa_joint_2': origin_xyz is not finite"):
+    with pytest.raises(ModelError, match=r"joint 'iiwa_joint_2': origin xyz\[1\] is NaN; cannot write a URDF"):
         robot.to_urdf(os.path.join(tmp_path, "never.urdf"))
     assert not os.path.exists(os.path.join(tmp_path, "never.urdf"))
+    robot = copy.deepcopy(get_robot("iiwa"))
+    with torch.no_grad():
+        robot.joint_params("iiwa_joint_5").damping.fill_(-0.5)
+    with pytest.raises(ModelError, match="joint 'iiwa_joint_5': damping -0.5 is negative"):
+        robot.to_urdf()
+    robot = copy.deepcopy(get_robot("iiwa"))
+    with torch.no_grad():
+        robot.link_params("iiwa_link_2").com[2] = 1e12
+    with pytest.raises(ModelError, match=r"link 'iiwa_link_2': centre of mass\[2\] 1000000000000.0 exceeds 1e\+09"):
+        robot.to_urdf()
 
 
 def test_to_urdf_returns_the_text_without_a_path():

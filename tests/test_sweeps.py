@@ -187,6 +187,9 @@ def test_sweeps_on_ray_equal_the_local_pool(tmp_path, capsys, ray_cluster, local
     remote = tmp_path / job
     assert main([*cmd, "--seeds", "0,1", "--backend", "ray", "--out", str(remote)]) == 0
     _check_summary(remote, [0, 1])
+    here = ray_cluster.get_runtime_context().get_node_id()  # the one node of this cluster ran both
+    assert json.loads((remote / "sweep.json").read_text())["nodes"] == {"seed0": here, "seed1": here}
+    assert json.loads((local[job] / "sweep.json").read_text())["nodes"] == {}  # no Ray node on the local pool
     for s in (0, 1):
         assert _without_timings(_metrics(remote, s)) == _without_timings(_metrics(local[job], s)), s
         # the run's files come back from the Ray worker's scratch folder, all of them
@@ -214,17 +217,35 @@ def test_symo_sweep_on_ray_equals_in_process(tmp_path, ray_cluster, monkeypatch)
     assert (tmp_path / "ray" / "symo" / "N2" / "checkpoint.pt").exists()
 
 
-def test_rl_sweep_joins_a_running_cluster_by_address(tmp_path, ray_cluster, local):
-    # what a user of a cluster of several machines runs (there with --address auto): the command line,
-    # another process, connects to the running cluster, whose workers run the seeds
+@pytest.mark.slow
+def test_rl_sweep_on_a_cluster_of_two_nodes_runs_on_both(tmp_path, local):
+    # docs/sweeps.md's cluster of several machines, on this one: a head and a second node of one CPU each
+    # (ray start --head; ray start --address=HEAD:PORT), and what a user of it runs: the command line,
+    # another process, joins the running cluster by the head's address (it starts no Ray of its own),
+    # and with both seeds in flight at once each node runs one
     import subprocess
     import sys
 
-    address = ray_cluster.get_runtime_context().gcs_address
-    out = tmp_path / "joined"
-    r = subprocess.run([sys.executable, "-m", "diffmech", "rl", "sweep", *RL, "--seeds", "0,1", "--backend", "ray",
-                        "--address", address, "--out", str(out)], capture_output=True, text=True, timeout=300)
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        nodes = {cluster.head_node.node_id, *(n.node_id for n in cluster.worker_nodes)}
+        assert len(nodes) == 2
+        out = tmp_path / "two_nodes"
+        r = subprocess.run([sys.executable, "-m", "diffmech", "rl", "sweep", *RL, "--seeds", "0,1", "--backend",
+                            "ray", "--address", cluster.address, "--out", str(out)],
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        cluster.shutdown()
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "Started a local Ray instance" not in r.stderr  # it joined, it did not start its own
+    assert "Started a local Ray instance" not in r.stderr
+    ran = json.loads((out / "sweep.json").read_text())["nodes"]  # the node of each run, as Ray reports it
+    assert sorted(ran) == ["seed0", "seed1"] and set(ran.values()) == nodes
+    _check_summary(out, [0, 1])
     for s in (0, 1):
         assert _without_timings(_metrics(out, s)) == _without_timings(_metrics(local["rl"], s))
+        assert sorted(p.name for p in (out / f"seed{s}").iterdir()) == \
+            sorted(p.name for p in (local["rl"] / f"seed{s}").iterdir())

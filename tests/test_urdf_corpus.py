@@ -4,7 +4,7 @@ The corpus is every ``*.urdf`` of ``pybullet_data`` and ``diff_robot_data``. A f
 refuses is skipped with urdfdom's reason; a file Pinocchio loads must either load in diffmech and
 match RNEA, CRBA and ABA (float64, seeded random states, fixed base; floating base too for the
 legged robots) or be refused the way :data:`EXPECTED_REFUSALS` says. Robots without a moving joint
-(objects, scenery) are refused by diffmech with "no moving joint". The default run checks the
+(objects, scenery) load as static models, ``nq = nv = 0`` as in Pinocchio. The default run checks the
 files of :data:`DEFAULT`; the whole corpus is ``-m slow``.
 
 Then the loader's tolerance for what urdfdom and PyBullet accept: an XML declaration with version
@@ -41,8 +41,6 @@ EXPECTED_REFUSALS: dict[str, tuple[type[Exception], str, str]] = {
     # lower > upper is PyBullet's way to write an unlimited joint; diffmech refuses inverted limits.
     "pybullet_data/cube_no_rotation.urdf": (ModelError, "lower limit", "joint limits lower > upper"),
 }
-# Pinocchio loads a robot without moving joints (nv = 0 on a fixed base); diffmech has nothing to simulate.
-NO_MOVING_JOINT = (ModelError, "no moving joint")
 
 # Labels under these folders are also compared with a floating base.
 FLOATING_DIRS = ("pybullet_data/quadruped/", "pybullet_data/a1/", "pybullet_data/aliengo/",
@@ -55,7 +53,7 @@ DEFAULT = {
     "diff_robot_data/fetch_description/urdf/fetch.urdf": "matched",  # <sensor:camera>, no namespace declaration
     "pybullet_data/r2d2.urdf": "matched",  # continuous and prismatic joints
     "pybullet_data/xarm/xarm6_with_gripper.urdf": "matched",  # mimic joints (Pinocchio built with mimic=True)
-    "pybullet_data/plane_implicit.urdf": "expected refusal: no moving joint",  # <plane> geometry is ignored
+    "pybullet_data/plane_implicit.urdf": "static: no moving joint",  # <plane> geometry is ignored
     "pybullet_data/quadruped/microtaur/microtaur.urdf": "pinocchio refuses: Parser found 4 elements",
 }
 
@@ -161,9 +159,10 @@ def check_file(label: str, path: str, errors: dict[str, tuple[float, str]] | Non
         exc, fragment, why = EXPECTED_REFUSALS[label]
         _expect_refusal(label, path, exc, fragment)
         return f"expected refusal: {why}"
-    if model.nv == 0:
-        _expect_refusal(label, path, *NO_MOVING_JOINT)
-        return "expected refusal: no moving joint"
+    if model.nv == 0:  # scenery: a static model (tests/test_static_obstacles.py checks its placements)
+        robot = _load(path, floating_base=False)
+        assert (robot.nq, robot.nv) == (model.nq, 0), f"{label}: nq {robot.nq}, nv {robot.nv}; Pinocchio {model.nq}, 0"
+        return "static: no moving joint"
     bases = [False, True] if label.startswith(FLOATING_DIRS) else [False]
     for fb in bases:
         for name, err in _match(label, path, floating_base=fb).items():
@@ -208,8 +207,8 @@ def test_whole_corpus(files):
     matched = [k for k, v in outcomes.items() if v.startswith("matched")]
     print(f"\nURDF corpus: {len(files)} files found, {len(files) - len(pin_refused)} loaded by Pinocchio, "
           f"{len(matched)} matched ({sum(v.endswith('too') for v in outcomes.values())} with a floating base too), "
-          f"{len(refused)} expected refusals "
-          f"({sum(v.endswith('no moving joint') for v in outcomes.values())} without a moving joint), "
+          f"{len(refused)} expected refusals, "
+          f"{sum(v.startswith('static') for v in outcomes.values())} static (without a moving joint), "
           f"{len(failures)} failed")
     for name, (err, label) in errors.items():
         print(f"  largest {name} error {err:.1e} ({label})")

@@ -45,29 +45,21 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
 
 
-def positive_int(text: str) -> int:
-    n = _int(text)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
-    return n
+def int_at_least(low: int, what: str | None = None):
+    """An argparse type: an integer ``>= low`` (``what`` names it in the error, e.g. "a positive integer")."""
+    what = what or f"an integer >= {low}"
 
-
-def nonnegative_int(text: str) -> int:
-    n = _int(text)
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {n}")
-    return n
-
-
-def int_at_least(low: int):
-    """An argparse type: an integer ``>= low``."""
     def check(text: str) -> int:
         n = _int(text)
         if n < low:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {n}")
+            raise argparse.ArgumentTypeError(f"expected {what}, got {n}")
         return n
-    check.__name__ = f"integer >= {low}"
+    check.__name__ = what.removeprefix("an ").removeprefix("a ")
     return check
+
+
+positive_int = int_at_least(1, "a positive integer")
+nonnegative_int = int_at_least(0, "an integer >= 0")
 
 
 def finite_float(text: str) -> float:
@@ -80,18 +72,19 @@ def finite_float(text: str) -> float:
     return x
 
 
-def positive_float(text: str) -> float:
-    x = finite_float(text)
-    if x <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return x
+def _finite_float_where(accept, what: str):
+    """An argparse type: a finite number for which ``accept(x)`` holds."""
+    def check(text: str) -> float:
+        x = finite_float(text)
+        if not accept(x):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return x
+    check.__name__ = what.removeprefix("a ")
+    return check
 
 
-def nonnegative_float(text: str) -> float:
-    x = finite_float(text)
-    if x < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return x
+positive_float = _finite_float_where(lambda x: x > 0, "a positive number")
+nonnegative_float = _finite_float_where(lambda x: x >= 0, "a number >= 0")
 
 
 def out_path(text: str) -> str:

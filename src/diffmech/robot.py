@@ -94,6 +94,11 @@ def load_urdf(
     Args:
         path: URDF file path, or the XML text itself.
         floating_base: attach the root link to the world by a free joint (``nq = nv + 1``).
+            Without it, a file with no moving joint (a table, ``plane.urdf``) is a static model:
+            ``nq = nv = 0`` (as Pinocchio's ``buildModelFromUrdf``), its links at their fixed
+            placements (``forward_kinematics`` of a ``(..., 0)`` configuration), joint-space results
+            empty (``(..., 0)``, ``(..., 0, 0)``); in a :class:`~diffmech.sim.Scene` a fixed obstacle
+            (a rollout of it alone: ``ModelError``, nothing to integrate).
         dtype: dtype of the model's parameters (float64 by default).
         device: device of the model's parameters.
         gravity: (3,) world gravity, m/s^2.

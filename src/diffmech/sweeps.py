@@ -30,13 +30,13 @@ import json
 import logging
 import math
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import _log
 from .errors import DiffmechError
 
 __all__ = ["Run", "Outcome", "BACKENDS", "execute", "summarize", "format_table", "plot_summary",
@@ -66,6 +66,7 @@ class Outcome:
     status: str  # "done", "skipped" (metrics.json was there) or "failed"
     seconds: float = 0.0
     error: str | None = None
+    node: str | None = None  # the Ray node that ran it (its hex id); None on the local backend
 
 
 # ---------------------------------------------------------------------------- workers
@@ -100,13 +101,16 @@ def _unpack(files: dict[str, bytes], folder: Path) -> None:
 
 
 def _ray_call(target: str, name: str, kwargs: dict, threads: int,
-              files: dict[str, bytes]) -> tuple[dict[str, bytes], float]:
+              files: dict[str, bytes]) -> tuple[dict[str, bytes], float, str]:
+    import ray
+
     with tempfile.TemporaryDirectory(prefix="diffmech-sweep-") as tmp:
         folder = Path(tmp) / name
         folder.mkdir(parents=True)
         _unpack(files, folder)  # an interrupted run's checkpoint, for jobs that resume
         seconds = _timed(target, str(folder), kwargs, threads, 0, False)
-        return _pack(folder), seconds
+        # which machine ran it: sweep.json keeps it, for a run to look into on a cluster
+        return _pack(folder), seconds, ray.get_runtime_context().get_node_id()
 
 
 def _ray_init(address: str | None, workers: int | None):
@@ -182,10 +186,11 @@ def execute(runs: Sequence[Run], out: str | Path, *, workers: int | None = None,
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc=desc, unit="run", dynamic_ncols=True,
                disable=(None if progress is None else not progress))
 
-    def finished(r: Run, dt: float, exc: BaseException | None) -> None:
+    def finished(r: Run, dt: float, exc: BaseException | None, node: str | None = None) -> None:
         if exc is None:
-            outcomes[r.name] = Outcome(r, "done", dt)
-            log.info("%s %s: done in %.1f s (%d of %d runs finished)", desc, r.name, dt,
+            outcomes[r.name] = Outcome(r, "done", dt, node=node)
+            log.info("%s %s: done in %.1f s%s (%d of %d runs finished)", desc, r.name, dt,
+                     f" on Ray node {node[:12]}" if node else "",
                      sum(o.status != "failed" for o in outcomes.values()), len(runs))
         else:
             outcomes[r.name] = Outcome(r, "failed", dt, _message(exc))
@@ -236,12 +241,12 @@ def _execute_ray(todo: list[Run], out: Path, workers: int | None, address: str |
             done, _ = ray.wait(list(pending), num_returns=1)
             r, t0 = pending.pop(done[0])
             try:
-                files, seconds = ray.get(done[0])
+                files, seconds, node = ray.get(done[0])
                 _unpack(files, out / r.name)
             except Exception as exc:  # noqa: BLE001 - one failed run does not stop the sweep
                 finished(r, time.perf_counter() - t0, exc)
             else:
-                finished(r, seconds, None)
+                finished(r, seconds, None, node)
     finally:
         if started:
             ray.shutdown()
@@ -436,14 +441,7 @@ def check_out(out: str | Path) -> Path:
 
 def cli_logging() -> None:
     """Show the sweeps' per-run log lines on stderr unless the user configured logging."""
-    logger = logging.getLogger("diffmech")
-    if logger.handlers or logging.getLogger().handlers:
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
-    logger.addHandler(handler)
-    if logger.level == logging.NOTSET:
-        logger.setLevel(logging.INFO)
+    _log.show()
 
 
 def seed_sweep(job: str, target: str, options: dict, seeds: Sequence[int], out: str | Path, *,
@@ -485,7 +483,9 @@ def seed_sweep(job: str, target: str, options: dict, seeds: Sequence[int], out: 
                "errors": {o.run.name: o.error for o in outcomes if o.status == "failed"}}
     record.write_text(json.dumps({"job": job, "options": options, "seeds": list(seeds), "backend": backend,
                                   "workers": workers, "session_wall_s": time.perf_counter() - t0,
-                                  "outcomes": {o.run.name: o.status for o in outcomes}}, indent=1) + "\n")
+                                  "outcomes": {o.run.name: o.status for o in outcomes},
+                                  "nodes": {o.run.name: o.node for o in outcomes if o.node is not None}},
+                                 indent=1) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     if summary["runs"]:
         echo(format_table(summary, headline or list(summary["stats"])[:6]))

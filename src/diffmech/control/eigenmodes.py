@@ -31,10 +31,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .. import _log
+from .._progress import Stage
 from ..errors import DiffmechError, ShapeError
 from .configs import EigenmodeConfig, build_system
 from .flow import Flow, FlowCache, code_grid, effort_integral, hamiltonian_flow
 from .hamiltonian import HamiltonianSystem
+
+log = _log.get("eigenmode")
 
 __all__ = ["EigenmodeLoss", "eigenmode_loss", "effort_weight", "EigenmodeTrainer", "half_index", "target_point",
            "projected_effort_step"]
@@ -240,19 +244,22 @@ class EigenmodeTrainer:
         return L
 
     # ------------------------------------------------------------------ loop
-    def train(self, *, progress: bool = True, callback: Callable[[EigenmodeTrainer, dict], bool] | None = None,
+    def train(self, *, progress: bool | None = None,
+              callback: Callable[[EigenmodeTrainer, dict], bool] | None = None,
               checkpoint_every: float = 30.0) -> list[dict]:
         """Run the remaining epochs; ``callback(trainer, record)`` returning True stops early.
 
         Checkpoints (``out/checkpoint.pt``) are written every ``checkpoint_every`` seconds and at the end.
+        ``progress``: ``None`` (default): silent while short; once the Adam phase (or the polish) has
+        run 2 s, a tqdm bar on stderr if stderr is a terminal, else one INFO line of the
+        ``diffmech.eigenmode`` logger then (sizes) and one at its end (elapsed seconds, last loss);
+        ``True``: a bar from the first step; ``False``: nothing (see :mod:`diffmech._progress`).
         """
-        from tqdm.auto import tqdm
-
         cfg = self.cfg
         total = cfg.epochs * cfg.steps_per_epoch
         done = self.epoch * cfg.steps_per_epoch
-        bar = tqdm(total=total, initial=done, desc=f"eigenmode {cfg.name}", unit="step",
-                   disable=not progress or not _isatty(), leave=False)
+        bar = Stage(log, f"eigenmode {cfg.name}", total, initial=done, progress=progress,
+                    sizes=f"{cfg.epochs} epochs x {cfg.steps_per_epoch} Adam steps, {self.grid.numel()} grid points")
         last_ckpt = time.perf_counter()
         reached_polish = False
         try:
@@ -266,8 +273,8 @@ class EigenmodeTrainer:
                            "newton_iterations": self.cache.stats[-1].get("iterations", 0) if self.cache.stats else 0,
                            "train_seconds": self.train_seconds}
                     self.history.append(rec)
-                    bar.update(1)
                     bar.set_postfix(loss=f"{rec['total']:.3g}", ee=f"{rec['ee_error']:.3g}")
+                    bar.update(1)
                     stop = cfg.stop_ee is not None and rec["ee_error"] < cfg.stop_ee and (
                         cfg.stop_p is None or math.sqrt(rec["c_half"]) < cfg.stop_p)
                     if cfg.polish and rec["ee_error"] < cfg.polish_from:
@@ -302,7 +309,7 @@ class EigenmodeTrainer:
         X = flow.X
         return torch.cat([self.system.end_effector(X[ih, :n]) - self.target, X[ih, n:]]), flow
 
-    def polish(self, *, progress: bool = False) -> dict:
+    def polish(self, *, progress: bool | None = None) -> dict:
         """Solve ``FK(q(T/2)) = x_d, p(T/2) = 0`` by damped minimum-norm Gauss-Newton steps.
 
         With ``p(0) = 0``, a turning point at ``T/2`` makes the orbit periodic and time-symmetric
@@ -316,7 +323,7 @@ class EigenmodeTrainer:
         accurate than the training grid's midpoint rule, so the solution holds for the exact flow).
 
         Returns (and stores in :attr:`polish_info`): iterations, converged, final ``||FK - x_d||``,
-        ``||p(T/2)||``, seconds.
+        ``||p(T/2)||``, seconds. ``progress`` as in :meth:`train`.
         """
         cfg = self.cfg
         t_start = time.perf_counter()
@@ -329,9 +336,13 @@ class EigenmodeTrainer:
         r, flow = self.mode_residual(grid, cfg.polish_method, cache)
         converged = False
         it = 0
+        stage = Stage(log, f"eigenmode polish {cfg.name}", cfg.polish_max_iter + 1, unit="iteration", progress=progress,
+                      sizes=f"at most {cfg.polish_max_iter} Gauss-Newton iterations on {cfg.polish_grid_points} points")
         for it in range(cfg.polish_max_iter + 1):
             e_norm, p_norm = float(r[:3].detach().norm()), float(r[3:].detach().norm())
             self._polish_record(flow, e_norm, p_norm, it, t_start)
+            stage.set_postfix(ee=f"{e_norm:.3g}", p=f"{p_norm:.3g}")
+            stage.update()
             if e_norm < tol_e and p_norm < tol_p:
                 converged = True
                 break
@@ -366,6 +377,7 @@ class EigenmodeTrainer:
                     for p, t0_ in zip(params, theta0):
                         p.copy_(t0_)
                 break
+        stage.close()
         self.cache.clear()
         self.polished = True
         self.polish_info = {"iterations": it, "converged": converged, "ee_error": e_norm, "p_half_norm": p_norm,
@@ -566,8 +578,3 @@ class EigenmodeTrainer:
             raise CheckpointError(f"{path}: the checkpoint does not match its configuration ({brief(exc)})") from None
         return tr
 
-
-def _isatty() -> bool:
-    import sys
-
-    return sys.stderr.isatty()

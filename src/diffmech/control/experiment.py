@@ -89,7 +89,7 @@ def learn(args: argparse.Namespace) -> dict:
     else:
         trainer = EigenmodeTrainer(get_config(args.config, **ov), out)
     os.makedirs(out, exist_ok=True)
-    trainer.train(progress=not args.no_progress)
+    trainer.train(progress=False if args.no_progress else None)
     return finish_learn(trainer, out, plots=not args.no_plots, started=t0)
 
 

@@ -28,11 +28,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .. import _log
+from .._progress import Stage
 from ..errors import ShapeError
 from .hamiltonian import HamiltonianSystem
 from .verify import as_float64, integrate_ivp
 
 __all__ = ["Orbit", "ModeStabilizer", "TrackingController", "simulate", "simulate_ivp", "signals"]
+
+log = _log.get("eigenmode")
 
 
 # ---------------------------------------------------------------------------- the stored orbit
@@ -266,9 +270,13 @@ class TrackingController:
 
 
 # ---------------------------------------------------------------------------- simulation
-def simulate(field, x0: Tensor, t_end: float, steps: int, *, method: str = "rk4", time_dependent: bool = False
-             ) -> tuple[Tensor, Tensor]:
+def simulate(field, x0: Tensor, t_end: float, steps: int, *, method: str = "rk4", time_dependent: bool = False,
+             progress: bool | None = None) -> tuple[Tensor, Tensor]:
     """Fixed-step integration of ``x_dot = field(x)`` (or ``field(t, x)``), batched, differentiable.
+
+    ``progress``: ``None`` (default): silent while short; after 2 s a tqdm bar on stderr if it is a
+    terminal, else INFO lines of the ``diffmech.eigenmode`` logger (sizes, then elapsed seconds);
+    ``True``: a bar at once; ``False``: nothing (see :mod:`diffmech._progress`).
 
     Returns ``(t (steps + 1,), X (..., steps + 1, 2n))``.
     """
@@ -277,6 +285,8 @@ def simulate(field, x0: Tensor, t_end: float, steps: int, *, method: str = "rk4"
     f = field if time_dependent else (lambda tt, xx: field(xx))
     xs = [x0]
     x = x0
+    stage = Stage(log, f"simulate ({method})", steps, progress=progress,
+                  sizes=f"{steps} steps over {float(t_end):g} s, batch {tuple(x0.shape[:-1])}, state {x0.shape[-1]}")
     for k in range(steps):
         tk = t[k]
         if method == "rk4":
@@ -290,6 +300,8 @@ def simulate(field, x0: Tensor, t_end: float, steps: int, *, method: str = "rk4"
         else:
             raise ValueError(f"simulate: method must be 'rk4' or 'midpoint', got {method!r}")
         xs.append(x)
+        stage.update()
+    stage.close()
     return t, torch.stack(xs, -2)
 
 

@@ -164,8 +164,8 @@ def as_state(model: RobotParameters, named: list) -> tuple[list[Tensor], tuple[i
         shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t, _ in out)
         raise ShapeError(f"{model.name}: batch dimensions do not broadcast: {shapes}") from None
     # Already-flat inputs pass through untouched (at batch 1 every skipped operator counts).
-    flat = [t if len(batch) == 1 and t.shape == (*batch, *k) else t.expand(*batch, *k).reshape(-1, *k)
-            for _, t, k in out]
+    flat = [t if len(batch) == 1 and t.shape == (*batch, *k) else t.expand(*batch, *k).reshape(math.prod(batch), *k)
+            for _, t, k in out]  # math.prod, not -1: a static model's (..., 0) states have no elements
     if _CHECK_FINITE[0]:
         _raise_non_finite(model, named, flat)
     return flat, tuple(batch)

@@ -597,6 +597,8 @@ def forward_dynamics_flat(
 ) -> Tensor:
     """:func:`forward_dynamics` on flat batches ``(B, n)`` of generalised coordinates (no shape checks)."""
     check_method(method)
+    if tree.nv == 0:  # a static model: no acceleration
+        return q.new_zeros(q.shape[0], 0)
     if tree.coords is not None:
         return _mimic_forward_dynamics(tree, mt, q, v, tau, f_ext, passive)
     method = resolve_method(method, q.shape[0], tree.nv if q.is_cpu else 0)

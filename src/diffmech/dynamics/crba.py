@@ -44,6 +44,8 @@ def crba_flat(tree: KinematicTree, mt: ModelTensors, q: Tensor, ts: TreeState | 
     the caller already has it; so is ``inertia`` (``world_inertia(ts)``) in the world frame (see
     :func:`~diffmech.dynamics.set_eager_frame`), which alone uses it.
     """
+    if tree.nv == 0:  # a static model: an empty mass matrix
+        return q.new_zeros(q.shape[0], 0, 0)
     world = world_frame()
     if ts is None and not world and use_jacobians(q):
         with one_thread():

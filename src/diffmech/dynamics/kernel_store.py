@@ -33,7 +33,6 @@ host: do not share one cache directory between machines or PID namespaces that b
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import functools
@@ -57,6 +56,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from .. import _log
+from .._cache import PrivateTempDir, base_dir
 from ..errors import DiffmechError
 
 log = _log.get("kernels")
@@ -168,19 +168,12 @@ def _digest(key: str, cmd: tuple[str, ...]) -> str:
 _ROOT_LOCK = threading.Lock()
 _WARNED: set[str] = set()  # refused locations already warned about
 _PROBED: set[str] = set()  # locations where this process could create a file
-_FALLBACK: list[Path] = []  # this process's private temporary directory, once made
+_FALLBACK = PrivateTempDir("diffmech-kernels-")  # where the configured directory cannot be used
 
 
 def _configured_dir() -> Path:
     """The kernels directory the environment asks for (absolute; not yet checked)."""
-    env = os.environ.get("DIFFMECH_CACHE_DIR")
-    if env:
-        base = os.path.expanduser(env)
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        base = os.path.join(xdg, "diffmech") if xdg and os.path.isabs(xdg) else \
-            os.path.join(_home(), ".cache", "diffmech")
-    return Path(os.path.abspath(base)) / "kernels"
+    return base_dir(_home) / "kernels"
 
 
 def _home() -> str:
@@ -267,25 +260,17 @@ def cache_root() -> Path:
 
 def _fallback(refused: str, why: str) -> Path:
     with _ROOT_LOCK:
-        if not _FALLBACK or not os.path.isdir(_FALLBACK[0]):
-            try:
-                tmp = Path(tempfile.mkdtemp(prefix="diffmech-kernels-"))  # mode 0700
-            except OSError as err:
-                raise NativeUnavailable(f"no usable native kernel cache: {refused} ({why}), and no private "
-                                        f"temporary directory ({err})") from None
-            _FALLBACK[:] = [tmp]
-            atexit.register(_remove_fallback, tmp, os.getpid())
+        try:
+            tmp = _FALLBACK.get()  # mode 0700
+        except OSError as err:
+            raise NativeUnavailable(f"no usable native kernel cache: {refused} ({why}), and no private "
+                                    f"temporary directory ({err})") from None
         if refused not in _WARNED:
             _WARNED.add(refused)
             warnings.warn(f"native kernel cache {refused} not used ({why}); this process keeps its kernels in "
-                          f"{_FALLBACK[0]} and builds them again. Set $DIFFMECH_CACHE_DIR to a directory that "
+                          f"{tmp} and builds them again. Set $DIFFMECH_CACHE_DIR to a directory that "
                           "only you can write.", KernelCacheWarning, stacklevel=_user_stacklevel())
-        return _FALLBACK[0]
-
-
-def _remove_fallback(path: Path, pid: int) -> None:
-    if os.getpid() == pid:  # not from a forked child that inherited the exit handler
-        shutil.rmtree(path, ignore_errors=True)
+        return tmp
 
 
 def _user_stacklevel() -> int:

@@ -509,6 +509,8 @@ def default_native(robot, algorithm: str, state: list[Tensor], passive: bool, f_
         why = "mimic joints"
     if why is None and tree.n_ball:
         why = "ball joints"
+    if why is None and tree.nb == 0:
+        why = "a static model (no moving joint)"
     if why is not None:
         if _MODE[0] == "require":
             leave_native(f"{robot.name}: {algorithm}", why)

@@ -25,6 +25,9 @@ def link_placements(tree: KinematicTree, ts: TreeState) -> tuple[Tensor, Tensor]
     mt = ts.mt
     B = ts.R.shape[-1]
     lb = tree.tables(ts.R.dtype, ts.R.device).link_body
+    if tree.nb == 0:  # a static model (no body): every link is fixed to the world, placed by its offset
+        R = mt.link_R.expand(B, -1, -1, -1)
+        return R, mt.link_p.expand(B, -1, -1)
     R_b = ts.R.permute(3, 0, 1, 2)[:, lb.clamp_min(0)]  # (B, nl, 3, 3)
     p_b = ts.p.permute(2, 0, 1)[:, lb.clamp_min(0)]
     if tree.world_links:  # links fixed to the world keep their offset as their world placement

@@ -53,6 +53,8 @@ def rnea_flat(
     """RNEA on flat batches in joint space: ``q (B, nq), v (B, nv), a (B, nv) | None,
     f_ext (B, n_links, 6) -> (B, nv)`` (sizes of ``tree``; the generalised coordinates too unless
     the tree has mimic joints, see :func:`~diffmech.dynamics._common.joint_q`)."""
+    if tree.nv == 0:  # a static model: no joint force
+        return q.new_zeros(q.shape[0], 0)
     if ts is None and not world_frame() and use_jacobians(q):
         with one_thread():
             tau = rnea_jac(tree, mt, com_jacobians(tree, mt, q), v, a, f_ext)

@@ -20,12 +20,10 @@ during the step that produced ``obs[:, k]``. States are ``(q, v)`` in the system
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import hashlib
 import json
 import os
-import shutil
 import struct
 import tempfile
 import threading
@@ -40,6 +38,7 @@ import scipy.integrate
 import torch
 from torch import Tensor
 
+from .._cache import PrivateTempDir, base_dir
 from ..errors import DiffmechError, ModelError, SimulationError
 from .systems import System, get_system
 
@@ -376,22 +375,15 @@ def _make_split(system: System, seed: int, n: int, n_steps: int, h: float, const
 
 
 def cache_dir() -> Path:
-    """``$DIFFMECH_CACHE_DIR/symo``, else ``$XDG_CACHE_HOME/diffmech/symo``, else ``~/.cache/diffmech/symo``
-    (the kernel store's base directory)."""
-    env = os.environ.get("DIFFMECH_CACHE_DIR")
-    if env:
-        root = os.path.expanduser(env)
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        root = os.path.join(xdg, "diffmech") if xdg and os.path.isabs(xdg) else \
-            os.path.join(os.path.expanduser("~"), ".cache", "diffmech")
-    return Path(os.path.abspath(root)) / "symo"
+    """``symo`` in diffmech's cache directory: ``$DIFFMECH_CACHE_DIR/symo``, else
+    ``$XDG_CACHE_HOME/diffmech/symo``, else ``~/.cache/diffmech/symo`` (see :mod:`diffmech._cache`)."""
+    return base_dir() / "symo"
 
 
 # Where the cache directory cannot be written (read-only, full, a file in the way), this process
 # keeps its data sets in a private temporary directory, removed at exit, and warns once per place.
 _CACHE_LOCK = threading.Lock()
-_FALLBACK: list[Path] = []
+_FALLBACK = PrivateTempDir("diffmech-symo-")
 _WARNED: set[str] = set()
 
 
@@ -403,24 +395,10 @@ def _warn_once(what: str, message: str) -> None:
     warnings.warn(message, DataCacheWarning, stacklevel=3)
 
 
-def _fallback_dir() -> Path:
-    with _CACHE_LOCK:
-        if not _FALLBACK or not _FALLBACK[0].is_dir():
-            tmp = Path(tempfile.mkdtemp(prefix="diffmech-symo-"))
-            _FALLBACK[:] = [tmp]
-            atexit.register(_remove_fallback, tmp, os.getpid())
-        return _FALLBACK[0]
-
-
-def _remove_fallback(path: Path, pid: int) -> None:
-    if os.getpid() == pid:  # not from a forked child that inherited the exit handler
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def _cached(path: Path) -> SymoDataset | None:
     """The data set stored at ``path`` (or in this process's fallback directory), ``None`` when absent;
     a corrupt file is reported once and treated as absent (the caller rebuilds and replaces it)."""
-    places = [path] + ([_FALLBACK[0] / path.name] if _FALLBACK else [])
+    places = [path] + ([_FALLBACK.current / path.name] if _FALLBACK.current is not None else [])
     for p in places:
         if not p.is_file():
             continue
@@ -438,7 +416,7 @@ def _store(ds: SymoDataset, path: Path) -> None:
         return
     except OSError as err:
         why = err.strerror or str(err)
-    tmp = _fallback_dir()
+    tmp = _FALLBACK.get()
     _warn_once(f"dir:{path.parent}", f"symo data cache {path.parent} not used ({why}); this process keeps its data "
                f"sets in {tmp}. Set $DIFFMECH_CACHE_DIR to a writable directory to keep them between runs.")
     try:

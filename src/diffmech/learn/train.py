@@ -41,6 +41,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .. import _log
+from .._progress import Stage
 from ..errors import DiffmechError
 from .data import make_dataset, step_samples
 from .metrics import metric_definitions, one_step_losses, paper_loss_columns, rollout_integration_set, rollout_metrics
@@ -48,6 +50,8 @@ from .models import MODEL_NAMES, build_model
 from .systems import get_system
 
 __all__ = ["TrainConfig", "run", "load_run_model", "RunError"]
+
+logger = _log.get("learn")
 
 
 class RunError(DiffmechError):
@@ -256,11 +260,13 @@ def run(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: bo
         out: the run folder.
         resume: continue from ``out/checkpoint.pt`` if present (a finished run is only re-evaluated
             when its ``metrics.json`` is missing). Without it an existing checkpoint is an error.
-        progress: tqdm progress bar (``None``: only on a terminal).
+        progress: ``None`` (default): each stage (data set, training, evaluation) is silent while
+            short; once one has run 2 s, a tqdm bar on stderr if stderr is a terminal, else INFO
+            lines of the ``diffmech.learn`` logger (its sizes, then its elapsed seconds and last
+            losses); ``True``: a bar from the first epoch; ``False``: nothing (see
+            :mod:`diffmech._progress`).
         evaluate: compute metrics after training.
     """
-    from tqdm.auto import tqdm
-
     if cfg.model not in MODEL_NAMES:
         raise RunError(f"unknown model {cfg.model!r}; choose one of {', '.join(MODEL_NAMES)}")
     cfg = cfg.resolved()
@@ -283,7 +289,10 @@ def run(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: bo
                                               "epoch", "wall_s", "train_s"),
                              what="symo checkpoint", map_location=cfg.device)
         _load_model_state(model, ck["model"], ckpt_path)
-    ds = _data(cfg)
+    # the data set and the evaluation report no steps: no bar for them (progress=True counts as None)
+    with Stage(logger, f"symo data {cfg.system}", sizes=f"{cfg.n_samples} samples, {cfg.n_int} integration sets",
+               progress=progress and None, unit="set"):
+        ds = _data(cfg)
     dt = _dtype(cfg.dtype)
     train_b = step_samples(ds.train.take(slice(0, cfg.n_ics)), system.n, dtype=dt, device=cfg.device)
     test_b = step_samples(ds.test, system.n, dtype=dt, device=cfg.device)
@@ -331,10 +340,10 @@ def run(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: bo
                       "train_s": train_s_prev + time.perf_counter() - t0, "last_train_pose": last_train_pose,
                       "roots": (roots_train, roots_test), "config": cfg.to_json()}, ckpt_path)
 
-    bar = tqdm(range(start, cfg.epochs), initial=start, total=cfg.epochs, disable=(not progress) if progress
-               is not None else None, desc=f"{cfg.system}/{cfg.model}/N={cfg.n_ics}", leave=False, dynamic_ncols=True)
+    bar = Stage(logger, f"symo train {cfg.system}/{cfg.model}/N={cfg.n_ics}", cfg.epochs, initial=start, unit="epoch",
+                sizes=f"epochs {start + 1} to {cfg.epochs}, {M} training samples in batches of {bs}", progress=progress)
     name = cfg.model
-    for epoch in bar:
+    for epoch in range(start, cfg.epochs):
         te = time.perf_counter()
         model.train()
         final = epoch == cfg.epochs - 1
@@ -401,6 +410,7 @@ def run(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: bo
         if (cfg.checkpoint_every > 0 and (epoch + 1) % cfg.checkpoint_every == 0) or final:
             save(epoch + 1)
             _write_history(history, out / "history.csv")
+        bar.update()
     bar.close()
     train_s = train_s_prev + time.perf_counter() - t0
     _write_history(history, out / "history.csv")
@@ -409,7 +419,9 @@ def run(cfg: TrainConfig, out: str | Path, *, resume: bool = False, progress: bo
     if not evaluate:
         return {}
     t1 = time.perf_counter()
-    metrics = evaluate_run(model, cfg, system, ds, train_b, test_b, out)
+    with Stage(logger, f"symo evaluate {cfg.system}/{cfg.model}/N={cfg.n_ics}", progress=progress and None,
+               sizes=f"{len(train_b)} + {len(test_b)} samples, {cfg.int_steps} integration steps", unit="set"):
+        metrics = evaluate_run(model, cfg, system, ds, train_b, test_b, out)
     if last_train_pose is not None:
         metrics["train_loss"], metrics["train_loss_positions_last_epoch"] = last_train_pose
     eval_s = time.perf_counter() - t1

@@ -9,20 +9,29 @@ or are set with :func:`set_collision_shapes`.
 Dimensions (URDF conventions): ``sphere`` ``(radius,)``; ``box`` ``(lx, ly, lz)`` full side
 lengths; ``cylinder`` and ``capsule`` ``(radius, length)`` with the axis along the shape's local
 ``z`` and ``length`` the distance between the centres of the end faces (capsule: of the end
-spheres).
+spheres); ``convex`` ``(scale,)``, a uniform factor on the vertices of its :attr:`Shape.hull`
+(a :class:`~diffmech.contact.convex.ConvexHull` in the shape's frame, m).
+
+A URDF ``<mesh>`` (its file found as the viewer finds visual meshes: absolute, relative to the
+URDF, ``package://``) becomes a ``convex`` shape: the convex hull of the file's vertices, times the
+mesh ``scale``, with at most :data:`~diffmech.contact.convex.MAX_VERTICES` vertices. A mesh that is
+not convex is approximated by its hull, with one warning per link.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import ModelError
 
 __all__ = ["Shape", "collision_shapes", "contact_coefficients", "set_collision_shapes", "KINDS"]
 
-KINDS = {"sphere": 1, "box": 3, "cylinder": 2, "capsule": 2}
+KINDS = {"sphere": 1, "box": 3, "cylinder": 2, "capsule": 2, "convex": 1}
 
 
 @dataclass(frozen=True)
@@ -30,20 +39,28 @@ class Shape:
     """One collision shape of a link.
 
     Attributes:
-        kind: ``"sphere"``, ``"box"``, ``"cylinder"`` or ``"capsule"``.
+        kind: ``"sphere"``, ``"box"``, ``"cylinder"``, ``"capsule"`` or ``"convex"``.
         size: dimensions in metres (see the module docstring).
         xyz: origin of the shape in the link frame, m.
         rpy: orientation of the shape in the link frame (URDF roll-pitch-yaw), rad.
+        hull: a ``convex`` shape's :class:`~diffmech.contact.convex.ConvexHull` (``None`` for the others).
     """
 
     kind: str
     size: tuple[float, ...]
     xyz: tuple[float, float, float] = (0.0, 0.0, 0.0)
     rpy: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    hull: Any = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ModelError(f"collision shape: unknown kind {self.kind!r}; choose from {sorted(KINDS)}")
+        from ..contact.convex import ConvexHull
+
+        if (self.kind == "convex") != isinstance(self.hull, ConvexHull):
+            raise ModelError(f"collision shape {self.kind}: a convex shape needs a hull "
+                             "(diffmech.contact.convex.hull_from_points) and only a convex shape has one, got "
+                             f"hull={type(self.hull).__name__}")
         size = tuple(float(s) for s in self.size)
         if len(size) != KINDS[self.kind] or not all(math.isfinite(s) and s > 0 for s in size):
             raise ModelError(f"collision shape {self.kind}: size must be {KINDS[self.kind]} positive finite "
@@ -62,6 +79,8 @@ class Shape:
             return 0.5 * math.sqrt(s[0] ** 2 + s[1] ** 2 + s[2] ** 2)
         if self.kind == "capsule":
             return 0.5 * s[1] + s[0]
+        if self.kind == "convex":
+            return self.hull.radius * s[0]
         return math.sqrt(s[0] ** 2 + 0.25 * s[1] ** 2)
 
 
@@ -74,7 +93,57 @@ def _floats(text: str | None, n: int, default: tuple[float, ...]) -> tuple[float
     return vals
 
 
-def _parse(link: str, xml: str, source: str) -> Shape | None:
+@functools.lru_cache(maxsize=256)
+def _mesh_hull(path: str, mtime: float, scale: tuple, where: str):
+    """The hull of a mesh file times ``scale`` and whether the file's mesh is convex (cached: a robot
+    loaded again, or two links of one mesh, build it once)."""
+    import numpy as np
+    import trimesh
+
+    from ..contact.convex import hull_from_points
+    from ..viz.geometry import load_mesh_file
+
+    parts = load_mesh_file(path)
+    hull = hull_from_points(np.concatenate([v for v, _, _ in parts]) * np.array(scale), where=where)
+    convex = len(parts) == 1 and trimesh.Trimesh(parts[0][0], parts[0][1], process=False).is_convex
+    return hull, convex
+
+
+def _mesh(link: str, g, robot, xyz, rpy) -> Shape | None:
+    """The convex shape of a URDF ``<mesh>`` (``None``, with a warning, when its file is not found
+    or not read)."""
+    from ..viz.geometry import resolve_mesh_path
+
+    name = getattr(robot, "name", "robot")
+    filename = g.get("filename") or ""
+    path = resolve_mesh_path(filename, getattr(robot, "source", None))
+    if path is None:
+        warnings.warn(f"{name}: link {link!r}: collision mesh {filename!r} not found (set ROS_PACKAGE_PATH for "
+                      "package:// files); it is not used for contact", stacklevel=5)
+        return None
+    try:
+        scale = _floats(g.get("scale"), 3, (1.0, 1.0, 1.0))
+        hull, convex = _mesh_hull(path, os.path.getmtime(path), scale,
+                                  f"{name}: link {link!r}: collision mesh {filename!r}")
+    except ModelError as exc:  # a flat or degenerate mesh: no solid to collide with, said once
+        warnings.warn(f"{exc}; it is not used for contact", stacklevel=5)
+        return None
+    except Exception as exc:  # any reader error: that shape is left out, said once
+        warnings.warn(f"{name}: link {link!r}: cannot read collision mesh {path!r} ({type(exc).__name__}: {exc}); "
+                      "it is not used for contact", stacklevel=5)
+        return None
+    notes = []
+    if not convex:
+        notes.append("is not convex: contact uses its convex hull")
+    if hull.simplified > 0:
+        notes.append(f"has a hull of more than {len(hull.vertices)} vertices: contact uses the hull of "
+                     f"{len(hull.vertices)} of them (up to {hull.simplified * 1e3:.2g} mm inside the full hull)")
+    if notes:
+        warnings.warn(f"{name}: link {link!r}: collision mesh {filename!r} " + "; it ".join(notes), stacklevel=5)
+    return Shape("convex", (1.0,), xyz, rpy, hull)
+
+
+def _parse(link: str, xml: str, source: str, robot=None, meshes: bool = True) -> Shape | None:
     from lxml import etree
 
     el = etree.fromstring(xml)
@@ -91,16 +160,23 @@ def _parse(link: str, xml: str, source: str) -> Shape | None:
         return Shape("box", _floats(g.get("size"), 3, ()), xyz, rpy)
     if g.tag in ("cylinder", "capsule"):
         return Shape(g.tag, (float(g.get("radius")), float(g.get("length"))), xyz, rpy)
+    if g.tag == "mesh":
+        if meshes:
+            return _mesh(link, g, robot, xyz, rpy)
+        warnings.warn(f"{source}: link {link!r}: <collision> <mesh> is not used for contact (meshes=False)",
+                      stacklevel=4)
+        return None
     warnings.warn(f"{source}: link {link!r}: <collision> geometry <{g.tag}> is not used for contact "
-                  "(only sphere, box, cylinder and capsule are)", stacklevel=4)
+                  "(only sphere, box, cylinder, capsule and mesh are)", stacklevel=4)
     return None
 
 
-def collision_shapes(robot) -> dict[str, list[Shape]]:
+def collision_shapes(robot, *, meshes: bool = True) -> dict[str, list[Shape]]:
     """The collision shapes of each link, ``{link: [Shape, ...]}`` (links without shapes absent).
 
-    Read once from the URDF's ``<collision>`` elements (a mesh is skipped with one warning naming
-    the link) unless :func:`set_collision_shapes` set them.
+    Read once from the URDF's ``<collision>`` elements unless :func:`set_collision_shapes` set them;
+    a ``<mesh>`` becomes a ``convex`` shape (its convex hull, see the module docstring), or, with
+    ``meshes=False`` on that first reading, is skipped with one warning naming the link.
     """
     meta = robot.meta
     if "collision" not in meta:
@@ -111,7 +187,7 @@ def collision_shapes(robot) -> dict[str, list[Shape]]:
                 if not xml.lstrip().startswith("<collision"):
                     continue
                 try:
-                    shape = _parse(link, xml, getattr(robot, "name", "robot"))
+                    shape = _parse(link, xml, getattr(robot, "name", "robot"), robot, meshes)
                 except (ValueError, TypeError) as exc:
                     raise ModelError(f"{robot.name}: link {link!r}: unreadable <collision>: {exc}") from None
                 if shape is not None:

@@ -78,6 +78,7 @@ _FREE, _BALL, _SLIDE, _HINGE = 0, 1, 2, 3  # mjtJoint
 _DSBL_SPRING, _DSBL_DAMPER, _DSBL_GRAVITY = 1 << 5, 1 << 6, 1 << 7  # mjtDisableBit
 # mjtGeom numbers of the primitives diffmech's contact code knows (plane only as the ground)
 _PLANE, _SPHERE, _CAPSULE, _ELLIPSOID, _CYLINDER, _BOX = 0, 2, 3, 4, 5, 6
+_MESH = 7
 _GEOM_NAMES = {0: "plane", 1: "hfield", 2: "sphere", 3: "capsule", 4: "ellipsoid", 5: "cylinder", 6: "box",
                7: "mesh", 8: "sdf"}
 
@@ -283,7 +284,22 @@ def _geom_shape(m, g: int, offset: np.ndarray) -> tuple[Shape | None, str | None
         return Shape("cylinder", (float(size[0]), 2.0 * float(size[1])), xyz, rpy), None
     if t == _BOX:  # half sizes -> side lengths
         return Shape("box", tuple(2.0 * float(s) for s in size[:3]), xyz, rpy), None
+    if t == _MESH and int(m.geom_dataid[g]) >= 0:
+        return Shape("convex", (1.0,), xyz, rpy, _mesh_hull(m, int(m.geom_dataid[g]))), None
     return None, _GEOM_NAMES.get(t, str(t))
+
+
+def _mesh_hull(m, k: int):
+    """The convex hull of MuJoCo's compiled mesh ``k`` (its vertices ``mesh_vert``, in the geom's
+    frame: MuJoCo has moved them to the mesh's centre of mass and inertia axes and put that offset
+    in ``geom_pos`` / ``geom_quat``); MuJoCo collides meshes through their convex hulls too."""
+    import mujoco
+
+    from ..contact.convex import hull_from_points
+
+    a, n = int(m.mesh_vertadr[k]), int(m.mesh_vertnum[k])
+    name = mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_MESH, k) or f"mesh{k}"
+    return hull_from_points(np.asarray(m.mesh_vert[a:a + n], dtype=np.float64), where=f"mesh {name!r}")
 
 
 def mjcf_specs(m, src: str = "<mjcf>", *, combine: bool = True, scene: bool = False) -> list[MjcfTree]:
@@ -689,12 +705,52 @@ def _self_collision(m, root: int) -> bool:
     return False
 
 
+def _static_tree(m, src: str, trees: list[MjcfTree], world_geoms: list[int]) -> MjcfTree | None:
+    """The fixed obstacles of a scene as one static tree (no moving joint: ``nq = 0``), or ``None``
+    where there are none: a root link ``"world"`` holding the world body's colliding geoms
+    ``world_geoms`` (the ground plane left out by the caller), with each top-level body without
+    degrees of freedom below it, welded at its placement. Its geoms of types the contact code does
+    not have (a plane that is not the ground, meshes, ...) are named in one warning."""
+    roots = {t.root for t in trees}
+    children: dict[int, list[int]] = {b: [] for b in range(m.nbody)}
+    for b in range(1, m.nbody):
+        children[int(m.body_parentid[b])].append(b)
+    tops = [b for b in children[0] if b not in roots]  # a top-level body outside every moving tree: no dof
+    if not world_geoms and not any(_collides(m, g) for b in range(1, m.nbody)
+                                   if int(m.body_rootid[b]) in tops for g in _geoms(m, b)):
+        return None
+    unsupported: dict[str, list[str]] = {}
+    body_joints: dict[int, list[int]] = {b: [] for b in range(m.nbody)}  # none: these bodies have no joint
+    gravity = (0.0, 0.0, 0.0) if m.opt.disableflags & _DSBL_GRAVITY else _vec(m.opt.gravity)
+    t = _tree(m, src, 0, tops, False, {}, gravity, True, children, body_joints, unsupported)
+    world = t.spec.links[0].name
+    for g in world_geoms:
+        shape, bad = _geom_shape(m, g, np.eye(4))
+        if shape is None:
+            unsupported.setdefault(bad, []).append(_name(m, "geom", g))
+            continue
+        t.shapes.setdefault(world, []).append(shape)
+        t.friction[world] = max(t.friction.get(world, 0.0), float(m.geom_friction[g, 0]))
+    if unsupported:
+        where = "; ".join(f"{k}: {v}" for k, v in unsupported.items())
+        warn(f"{src}: static geoms of types diffmech's contact code does not have are not used for contact "
+             f"({where}; the ground is a plane z = 0 facing +z)")
+    if not t.shapes:
+        return None
+    names = {tr.spec.name for tr in trees}
+    name, k = "static", 1
+    while name in names:
+        name, k = f"static_{k}", k + 1
+    t.spec.name = name
+    return t
+
+
 def scene_from_mjcf(cls, path, dtype, device, kwargs: dict):
     """:meth:`diffmech.sim.Scene.from_mjcf` (``cls`` the scene class)."""
     src = os.fspath(path)
     m = compile_mjcf(src)
     trees = mjcf_specs(m, src, combine=False, scene=True)
-    ground, ground_friction, ignored = False, None, []
+    ground, ground_friction, world_geoms = False, None, []
     for g in _geoms(m, 0):
         if not _collides(m, g):
             continue
@@ -703,12 +759,10 @@ def scene_from_mjcf(cls, path, dtype, device, kwargs: dict):
                 and np.allclose(R[:, 2], (0.0, 0.0, 1.0), atol=1e-12)):
             ground, ground_friction = True, float(m.geom_friction[g, 0])
         else:
-            ignored.append(_name(m, "geom", g))
-    static = [b for b in range(1, m.nbody) if int(m.body_rootid[b]) not in {t.root for t in trees}]
-    ignored += [_name(m, "geom", g) for b in static for g in _geoms(m, b) if _collides(m, g)]
-    if ignored:
-        warn(f"{src}: static geoms {ignored} are not used for contact (a Scene's only fixed obstacle is "
-             "the ground plane z = 0)")
+            world_geoms.append(g)
+    static = _static_tree(m, src, trees, world_geoms)
+    if static is not None:  # the world's other geoms and the bodies welded to it: one static model
+        trees = trees + [static]
     models, drives, frictions = {}, {}, {}
     for t in trees:
         robot = _robot(t, dtype, device)
@@ -719,7 +773,10 @@ def scene_from_mjcf(cls, path, dtype, device, kwargs: dict):
         if any(arm) or any(damp):
             drives[name] = {"armature": torch.tensor(arm, dtype=dtype, device=device),
                             "damping": torch.tensor(damp, dtype=dtype, device=device)}
-        frictions[name] = {link: {"friction": max(f, ground_friction or 0.0)} for link, f in t.friction.items()}
+        # a moving link's friction meets the ground's (MuJoCo takes the larger of a pair); an obstacle never
+        # touches the ground and keeps its own
+        floor = 0.0 if t is static else ground_friction or 0.0
+        frictions[name] = {link: {"friction": max(f, floor)} for link, f in t.friction.items()}
     opts = dict(ground=ground, drives=drives or None,
                 self_collision=any(_self_collision(m, t.root) for t in trees))
     if ground_friction is not None:

@@ -11,6 +11,9 @@ values (masses, inertias, placements, passive terms, gravity) live elsewhere
 Bodies vs links: links joined by ``fixed`` joints are merged into one rigid *body* (as Pinocchio
 does), so the dynamics loops run over moving bodies only; every link keeps its own frame for
 kinematics. A link that carries no moving joint above it is attached to the world (body ``-1``).
+A tree without a moving joint and without a floating base is *static* (``nb = nq = nv = 0``, as
+Pinocchio builds it): its links keep their fixed placements, the joint-space algorithms return
+empty ``(..., 0)`` results, and a :class:`~diffmech.sim.Scene` uses it as a fixed obstacle.
 
 Generalised coordinates: ``q = [q_base (7), q_joints]`` with ``q_base = (x, y, z, qx, qy, qz, qw)``
 when ``floating_base`` is set; one coordinate per revolute/continuous/prismatic joint and four, a
@@ -353,8 +356,9 @@ class KinematicTree:
             )
         link_specs = [by_name[n] for n in order]
         joint_specs = [parent_joint[n] for n in order[1:]]  # in the order of their child link
+        static = not self.floating_base and all(j.type == "fixed" for j in joint_specs)
         for link in link_specs:
-            if not link.has_inertial:
+            if not link.has_inertial and not static:  # a static model's masses play no part
                 warn(f"{src}: link '{link.name}' has no <inertial>: treated as massless")
         link_index = {n: i for i, n in enumerate(order)}
 
@@ -387,15 +391,15 @@ class KinematicTree:
                 body_parent.append(link_body[pl])
                 body_joint.append(k)
                 link_body.append(len(body_parent) - 1)
+        # No moving joint and no floating base: a static model (nq = nv = 0, as Pinocchio builds it),
+        # whose links all hang from the world at fixed placements (a table, a ramp: a Scene's obstacle).
         nb, nj = len(body_parent), len(body_joint)
-        if nb == 0:
-            raise ModelError(f"{src}: the robot has no moving joint (and no floating base): nothing to simulate")
         nq, nv = 7 * nfree + nq_j, 6 * nfree + nj
 
         depth: list[int] = []
         for p in body_parent:
             depth.append(0 if p < 0 else depth[p] + 1)
-        by_depth: list[list[int]] = [[] for _ in range(max(depth) + 1)]
+        by_depth: list[list[int]] = [[] for _ in range(max(depth, default=-1) + 1)]
         for b, d in enumerate(depth):
             by_depth[d].append(b)
         levels = [(tuple(idx), tuple(body_parent[b] for b in idx)) for idx in by_depth]

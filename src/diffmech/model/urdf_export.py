@@ -32,6 +32,7 @@ import torch
 
 from .._warnings import warn
 from ..errors import ModelError
+from .validate import check_joint_values, check_link_values
 
 __all__ = ["robot_to_urdf"]
 
@@ -56,24 +57,22 @@ def _values(robot) -> dict[str, list]:
         raw = robot.raw_parameters()
     v = {k: t.detach().to("cpu", torch.float64) for k, t in raw._asdict().items()}
     name = robot.name
+    # the loader's own rules (diffmech.model.validate), so that what is written is what loads
     for i, link in enumerate(robot.tree.link_names):
-        m, c, inertia = v["mass"][i], v["com"][i], v["inertia"][i]
-        if not (torch.isfinite(m) and torch.isfinite(c).all() and torch.isfinite(inertia).all()):
-            raise ModelError(f"{name}: link '{link}': non-finite inertial parameters (mass {float(m)}, com "
-                             f"{c.tolist()}, inertia {inertia.tolist()}); cannot write a URDF")
-        if float(m) < 0:
-            raise ModelError(f"{name}: link '{link}' has a negative mass {float(m)}; cannot write a URDF that loads")
-        sym = 0.5 * (inertia + inertia.T)
-        eig = torch.linalg.eigvalsh(sym)
-        if float(eig.min()) < -1e-9 * max(1.0, float(eig.abs().max())):
-            raise ModelError(f"{name}: link '{link}' has an inertia that is not positive semi-definite (eigenvalues "
-                             f"{eig.tolist()}); cannot write a URDF that loads")
+        sym = 0.5 * (v["inertia"][i] + v["inertia"][i].T)  # a parametrisation may leave rounding asymmetry
+        try:
+            check_link_values(f"{name}: link '{link}'", v["mass"][i], v["com"][i].tolist(), sym.tolist())
+        except ModelError as err:
+            raise ModelError(f"{err}; cannot write a URDF that loads") from None
         v["inertia"][i] = sym
     for k, joint in enumerate(robot.tree.all_joint_names):
-        for kind in ("origin_xyz", "origin_rpy", "damping", "friction", "stiffness", "rest"):
-            if not bool(torch.isfinite(v[kind][k]).all()):
-                raise ModelError(f"{name}: joint '{joint}': {kind} is not finite ({v[kind][k].tolist()}); "
-                                 "cannot write a URDF")
+        values = {kind: v[f"origin_{kind}"][k].tolist() for kind in ("xyz", "rpy")}
+        values.update({kind: float(v[kind][k]) for kind in ("damping", "friction", "stiffness", "rest")
+                       if v[kind][k].numel() == 1})
+        try:
+            check_joint_values(f"{name}: joint '{joint}'", **values)
+        except ModelError as err:
+            raise ModelError(f"{err}; cannot write a URDF") from None
     return {k: t.tolist() for k, t in v.items()}
 
 

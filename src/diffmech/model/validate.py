@@ -228,6 +228,8 @@ def neutral_mass_matrix(tree, mass, com, inertia, xyz, rpy) -> tuple[torch.Tenso
 def check_mass_matrix(where: str, tree, mass, com, inertia, xyz, rpy) -> None:
     """Rule 3: raise :class:`ModelError` unless the neutral mass matrix is positive definite, naming
     the degree(s) of freedom and the links they carry with their masses."""
+    if tree.nv == 0:  # a static model: no mass matrix, nothing that could fail to move
+        return
     M, dof_body = neutral_mass_matrix(tree, mass, com, inertia, xyz, rpy)
     D = M.diagonal()
     names = _dof_names(tree) if tree.coords is None else (

@@ -34,10 +34,14 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .. import _log
+from .._progress import Stage
 from ..errors import OptionError
 from .env import DiffEnv, NLinkReach
 
 __all__ = ["ALGOS", "ENVS", "DEFAULT_STEPS", "make_env", "evaluate", "train", "evaluate_run"]
+
+log = _log.get("rl")
 
 ALGOS = ("sac", "ppo", "policy-enhanced-sac", "sample-enhanced-sac", "shac")
 ENVS = ("nlink-reach", "ant")
@@ -269,7 +273,11 @@ def train(env_name: str, algo: str, out, *, links: int = 2, steps: int | None = 
             ``steps / evaluations`` environment steps, and with ``max_wall`` also every
             ``max_wall / evaluations`` seconds of training.
         eval_episodes: episodes per evaluation (batched).
-        progress: tqdm bar; ``None``: only on a terminal.
+        progress: ``None`` (default): silent while the training is short; once it has run 2 s, a
+            tqdm bar over the environment steps on stderr if stderr is a terminal, else one INFO
+            line of the ``diffmech.rl`` logger then (the budget) and one at the end (elapsed
+            seconds, last and best evaluation return); ``True``: a bar from the start; ``False``:
+            nothing (see :mod:`diffmech._progress`).
         overrides: settings of the algorithm's config (:class:`~diffmech.rl.shac.SHACConfig`,
             :class:`~diffmech.rl.sac.SACConfig`) or keyword arguments of stable-baselines3's class.
         env_kwargs: more keyword arguments of the task (e.g. ``reset_noise``).
@@ -298,11 +306,8 @@ def train(env_name: str, algo: str, out, *, links: int = 2, steps: int | None = 
               "algo_config": dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else cfg,
               "versions": _versions()}
     (out / "config.json").write_text(json.dumps(config, indent=1))
-    if progress is None:
-        progress = sys.stderr.isatty()
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=steps, desc=f"{algo} {env_name}", unit="step", disable=not progress, leave=False)
+    bar = Stage(log, f"rl train {algo} {env_name}", steps, unit="env step", progress=progress,
+                sizes=f"{steps} environment steps, seed {seed}, {evaluations} evaluations of {eval_episodes} episodes")
     every = max(1, steps // max(1, evaluations))
     if algo in ("sac", "ppo"):
         rec = _train_sb3(algo, env_name, links, seed, steps, cfg, env_kwargs, eval_env, every, bar, out, max_wall,

@@ -1,13 +1,16 @@
 """The first stage of a contact step of one robot on the ground, as one native kernel.
 
-A scene of one articulated robot whose collision shapes are spheres and capsules -- a legged
-robot's feet, the Ant -- touching nothing but the ground: the free velocity (mass matrix, bias
-forces, the drives' linearly implicit spring-dampers, Cholesky factor and solve), every ball's gap
-and its contact rows come from one call of the kernel of
-:func:`~diffmech.dynamics.lanes.ground_step_lanes` (a capsule is its two end balls), and its
-gradient from one call of that kernel's reverse mode. The torch code of the same stage
-(:mod:`diffmech.sim.contact_step`) issues some two hundred operations per step, each costing the
-same for one robot as for a thousand: with one robot that dispatch was most of the step.
+A scene of one articulated robot whose collision shapes are spheres, capsules, boxes and
+cylinders -- a legged robot's feet, the Ant, box feet -- touching nothing but the ground: the free
+velocity (mass matrix, bias forces, the drives' linearly implicit spring-dampers, Cholesky factor and
+solve), every ball's gap and its contact rows come from one call of the kernel of
+:func:`~diffmech.dynamics.lanes.ground_step_lanes`, and its gradient from one call of that kernel's
+reverse mode. A ball is a point of a link and a radius: a sphere is one, a capsule its two end balls,
+a box its 8 corners and a cylinder the 16 points of its two end rims (radius 0) -- the candidates
+:func:`~diffmech.contact.geometry.plane_candidates` gives each shape against the ground, in its order.
+The torch code of the same stage (:mod:`diffmech.sim.contact_step`) issues some two hundred operations
+per step, each costing the same for one robot as for a thousand: with one robot that dispatch was most
+of the step.
 
 Used where the kernels are built or stored (:func:`diffmech.dynamics.kernels.set_native`; built
 by :func:`prepare_ground_kernels`), else the torch code runs; both give the same step to rounding.
@@ -33,7 +36,11 @@ from .scene import GROUND, Scene
 __all__ = ["GroundPlan", "Stage", "ground_plan", "ground_stage", "ground_advance", "ground_velocity_update",
            "with_graph", "has_limits", "prepare_ground_kernels"]
 
-_KINDS = ("sphere", "capsule")
+# the shapes whose candidates against the ground are a fixed set of balls (geometry.plane_candidates)
+_KINDS = ("sphere", "capsule", "box", "cylinder")
+_COUNT = {"sphere": 1, "capsule": 2, "box": 8, "cylinder": 16}  # balls per shape
+# a box's corners as plane_candidates orders them: x slowest, z fastest, -1 before +1
+_CORNERS = [(sx, sy, sz) for sx in (-1.0, 1.0) for sy in (-1.0, 1.0) for sz in (-1.0, 1.0)]
 # scene -> {dtype: plan}; beside the scene, not in it: a plan holds native libraries, which neither
 # deepcopy nor torch.save can copy
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -94,17 +101,20 @@ def _plan(scene: Scene, dtype: torch.dtype) -> GroundPlan | None:
     n = scene.names[0]
     m = scene.models[n]
     items = [(link, k, sh) for link, shs in scene.shapes[n].items() for k, sh in enumerate(shs)]
-    # the torch step's candidate order: the kinds as they first appear, items in order, a capsule's -z end first
+    # the torch step's candidate order (contact_step._ground_candidates): the kinds as they first appear,
+    # items in order, each shape's candidates in plane_candidates' order. The torch step orders the kinds
+    # of the shapes near the ground only: where kinds interleave in the items (sphere, box, sphere) and a
+    # kind's first shape is far from the ground, its sweeps visit the contacts in another order (the same
+    # solution to the solver's tolerance, not to rounding)
     kinds = list(dict.fromkeys(sh.kind for _, _, sh in items))
     links, shapes, keys = [], [], []
     for kind in kinds:
         for i, (link, k, sh) in enumerate(items):
             if sh.kind != kind:
                 continue
-            ends = (0.0,) if kind == "sphere" else (-1.0, 1.0)
-            for j, sign in enumerate(ends):
+            for j in range(_COUNT[kind]):
                 links.append(m.link_names.index(link))
-                shapes.append((link, k, sh, sign))
+                shapes.append((link, k, sh, j))
                 keys.append((i, -1, j))
     nd = scene.drives[n][0].shape[0] if n in scene.drives else 0
     call = kernels.NativeCall(m.tree, kernels.ground_step_algorithm(nd, tuple(links)), True, False, build=False)
@@ -116,18 +126,39 @@ def _plan(scene: Scene, dtype: torch.dtype) -> GroundPlan | None:
     return plan
 
 
+def _shape_balls(kind: str, size: Tensor, xyz: Tensor, R: Tensor) -> Tensor:
+    """``(k, 4)``: the balls of one shape (dimensions ``size``, placed at ``xyz (3,)`` and rotated by
+    ``R (3, 3)`` in its link's frame), each its centre in the link's frame and its radius, in
+    :func:`~diffmech.contact.geometry.plane_candidates`' order: a sphere itself; a capsule's end
+    balls at ``-+length / 2`` along its axis; a box's corners ``xyz + R (+-sx, +-sy, +-sz) / 2``; a
+    cylinder's two end rims (the ``-z`` end first), 8 points each at angles ``0, pi/4, ...``, radius 0."""
+    if kind == "sphere":
+        return torch.cat([xyz, size[:1]])[None]
+    if kind == "capsule":
+        half = (0.5 * size[1]) * R[:, 2]
+        return torch.stack([torch.cat([xyz - half, size[:1]]), torch.cat([xyz + half, size[:1]])])
+    if kind == "box":
+        local = torch.tensor(_CORNERS, dtype=size.dtype) * (0.5 * size)  # (8, 3)
+    else:  # cylinder: the angles computed as geometry.plane_candidates computes them
+        ang = torch.arange(8, dtype=size.dtype) * (torch.pi / 4)
+        ring = torch.stack([size[0] * torch.cos(ang), size[0] * torch.sin(ang)], 1)  # (8, 2)
+        half = (0.5 * size[1]).expand(8, 1)
+        local = torch.cat([torch.cat([ring, -half], 1), torch.cat([ring, half], 1)])  # (16, 3)
+    centres = xyz + local @ R.t()
+    return torch.cat([centres, centres.new_zeros(centres.shape[0], 1)], 1)
+
+
 def _balls(scene: Scene, plan: GroundPlan, dtype: torch.dtype) -> Tensor:
-    """``(1, 4 nb)``: each ball's centre in its link's frame and its radius (a capsule's end balls at
-    ``+-length / 2`` along the capsule's axis), differentiable w.r.t. the scene's size tensors."""
+    """``(1, 4 nb)``: each ball's centre in its link's frame and its radius (:func:`_shape_balls`),
+    differentiable w.r.t. the scene's size tensors."""
     out = []
-    for link, k, sh, sign in plan.shapes:
+    for link, k, sh, j in plan.shapes:
+        if j:  # the shape's balls come with its first
+            continue
         size = scene.shape_size(plan.name, link, k)
         size = size.to(dtype) if isinstance(size, Tensor) else torch.tensor(size, dtype=dtype)
-        xyz = torch.tensor(sh.xyz, dtype=dtype)
-        if sign:
-            axis = rpy_to_matrix(torch.tensor(sh.rpy, dtype=dtype))[:, 2]
-            xyz = xyz + (sign * 0.5 * size[1]) * axis
-        out.append(torch.cat([xyz, size[:1]]))
+        R = rpy_to_matrix(torch.tensor(sh.rpy, dtype=dtype))
+        out.append(_shape_balls(sh.kind, size, torch.tensor(sh.xyz, dtype=dtype), R).reshape(-1))
     return torch.cat(out)[None]
 
 
@@ -380,8 +411,8 @@ def prepare_ground_kernels(scene: Scene, dtypes=(torch.float64,), parameters: bo
     """Build (or find stored) the native kernels of the scene's contact step (this stage's, with its
     reverse mode, and the robot's position update), so that :func:`~diffmech.sim.rollout` of the scene
     runs them; ``parameters``: also the reverse mode for the robot's inertial parameters. Returns
-    whether the scene is one this stage serves (one robot, spheres and capsules on the ground, the
-    PGS solver). Raises :class:`~diffmech.dynamics.kernels.NativeUnavailable` without a C compiler."""
+    whether the scene is one this stage serves (one robot, spheres, capsules, boxes and cylinders on the
+    ground, the PGS solver). Raises :class:`~diffmech.dynamics.kernels.NativeUnavailable` without a C compiler."""
     served = False
     for dtype in dtypes:
         plan = _plan(scene, dtype)

@@ -30,15 +30,28 @@ import torch
 from torch import Tensor
 
 from ..errors import SimulationError
+from ..model.validate import MAX_MAGNITUDE
 from ..robot import RobotModel
 from .integrators import Integrator
 
 __all__ = ["ForwardMonitor", "GradCheck", "check_initial_state", "check_tensor_controls", "dof_name",
-           "DEFAULT_MAX_ENERGY_GROWTH"]
+           "quaternion_coords", "DEFAULT_MAX_ENERGY_GROWTH", "QUATERNION_TOLERANCE"]
 
 DEFAULT_MAX_ENERGY_GROWTH = 1e3
+# |norm - 1| accepted for an initial quaternion: float32 rounding and a few digits typed by hand pass,
+# a zero or unnormalised quaternion (which would rotate and scale the body) does not
+QUATERNION_TOLERANCE = 1e-4
 _FLOOR_SPEED = 1e-3  # m/s: the speed of the floor energy
 _STRIDE = 16  # states between the sampled energy checks of a chunk (every state once one raises an alarm)
+
+
+def _joint_of(robot: RobotModel, i: int, ball_width: int) -> str:
+    """``joint '<name>'`` of coordinate ``i`` after the base's, a ball joint spanning ``ball_width``."""
+    if robot.tree.n_ball:
+        names = [n for n, t in zip(robot.joint_names, robot.joint_types)
+                 for _ in range(ball_width if t == "ball" else 1)]
+        return f"joint '{names[i]}'"
+    return f"joint '{robot.joint_names[i]}'"
 
 
 def dof_name(robot: RobotModel, i: int) -> str:
@@ -47,10 +60,7 @@ def dof_name(robot: RobotModel, i: int) -> str:
         if i < 6:
             return f"base twist component {i}"
         i -= 6
-    if robot.tree.n_ball:  # a ball joint has three velocity coordinates
-        names = [n for n, t in zip(robot.joint_names, robot.joint_types) for _ in range(3 if t == "ball" else 1)]
-        return f"joint '{names[i]}'"
-    return f"joint '{robot.joint_names[i]}'"
+    return _joint_of(robot, i, 3)
 
 
 def coord_name(robot: RobotModel, i: int) -> str:
@@ -59,10 +69,7 @@ def coord_name(robot: RobotModel, i: int) -> str:
         if i < 7:
             return f"base {'position' if i < 3 else 'quaternion'} coordinate {i if i < 3 else i - 3}"
         i -= 7
-    if robot.tree.n_ball:  # a ball joint has four configuration coordinates
-        names = [n for n, t in zip(robot.joint_names, robot.joint_types) for _ in range(4 if t == "ball" else 1)]
-        return f"joint '{names[i]}'"
-    return f"joint '{robot.joint_names[i]}'"
+    return _joint_of(robot, i, 4)
 
 
 def element(batch: tuple[int, ...], b: int) -> str:
@@ -73,23 +80,88 @@ def element(batch: tuple[int, ...], b: int) -> str:
     return f" in batch element {idx}"
 
 
-def check_initial_state(batch, q0: Tensor, v0: Tensor) -> None:
-    ok = torch.isfinite(q0).all(-1) & torch.isfinite(v0).all(-1)
-    if not bool(ok.all()):
-        b = int((~ok).nonzero()[0, 0])
-        raise SimulationError(f"rollout: the initial state (q0, v0) is not finite{element(batch, b) or ' '}".rstrip())
+def quaternion_coords(robot: RobotModel) -> list[int]:
+    """The first configuration coordinate of each unit quaternion of ``robot``'s ``q`` (the floating
+    base's, then each ball joint's), in the order of ``q``."""
+    out = [3] if robot.floating_base else []
+    if robot.tree.n_ball:
+        i = 7 if robot.floating_base else 0
+        for t in robot.joint_types:
+            if t == "ball":
+                out.append(i)
+            i += 4 if t == "ball" else 1
+    return out
 
 
-def check_tensor_controls(robot: RobotModel, batch, dt: float, tau: Tensor | None, f_ext: Tensor | None) -> None:
+Part = tuple  # (model name or None, robot, offset of its q in the state, offset of its v)
+
+
+def _where(part: Part) -> str:
+    return f"model '{part[0]}', " if part[0] is not None else ""
+
+
+def _why(value: float) -> str:
+    return "is not finite" if not math.isfinite(value) else f"is beyond {MAX_MAGNITUDE:g} in magnitude (SI units?)"
+
+
+def _locate(parts: list, i: int, which: str) -> tuple[Part, int]:
+    """The part holding coordinate ``i`` of the stacked ``q`` (``which="q"``) or ``v``, and ``i`` within it."""
+    for part in reversed(parts):
+        off = part[2] if which == "q" else part[3]
+        if i >= off:
+            return part, i - off
+    raise AssertionError(i)
+
+
+def check_initial_state(batch, q0: Tensor, v0: Tensor, parts: list | None = None, robot: RobotModel | None = None,
+                        where: str = "rollout") -> None:
+    """Raise a :class:`~diffmech.errors.SimulationError` naming the argument, the batch element, the model
+    and the coordinate if the initial state ``q0 (B, nq)``, ``v0 (B, nv)`` holds a non-finite value, a
+    value beyond :data:`~diffmech.model.validate.MAX_MAGNITUDE`, or a quaternion that is not of unit norm
+    (to :data:`QUATERNION_TOLERANCE`). ``parts`` lists the models stacked in the state as
+    ``(name, robot, q offset, v offset)``; one robot alone: ``robot=``."""
+    if parts is None:
+        parts = [(None, robot, 0, 0)]
+    for name, x, which in (("q0", q0, "q"), ("v0", v0, "v")):
+        bad = ~(torch.isfinite(x) & (x.abs() <= MAX_MAGNITUDE))
+        if bool(bad.any()):
+            b, i = bad.nonzero()[0].tolist()
+            part, j = _locate(parts, i, which)
+            what = coord_name(part[1], j) if which == "q" else dof_name(part[1], j)
+            value = x[b, i].item()
+            raise SimulationError(f"{where}: the initial state '{name}' {_why(value)}{element(batch, b)}: "
+                                  f"{_where(part)}{what} = {value:g}")
+    for part in parts:
+        for s in quaternion_coords(part[1]):
+            norm = q0[:, part[2] + s:part[2] + s + 4].norm(dim=-1)
+            bad = (norm - 1).abs() > QUATERNION_TOLERANCE
+            if bool(bad.any()):
+                b = int(bad.nonzero()[0, 0])
+                what = coord_name(part[1], s).replace(" coordinate 0", "")
+                raise SimulationError(
+                    f"{where}: 'q0' holds a quaternion of norm {norm[b].item():.6g}{element(batch, b)}: "
+                    f"{_where(part)}{what} (coordinates {s}..{s + 3} of its q, (x, y, z, w)); give a unit quaternion")
+
+
+def check_tensor_controls(robot: RobotModel | None, batch, dt: float, tau: Tensor | None, f_ext: Tensor | None,
+                          parts: list | None = None, where: str = "rollout") -> None:
     """Raise if the torques ``(B, T, nv)`` or link forces ``(B, T, n_links, 6)`` hold a non-finite value
-    (one synchronisation each), naming the first step, element and joint or link."""
-    if tau is not None and not bool(torch.isfinite(tau).all()):
-        b, k, i = ((~torch.isfinite(tau)).nonzero()[0]).tolist()
-        raise SimulationError(f"rollout: 'tau' is not finite at step {k} (t = {k * dt:.6g} s){element(batch, b)}, "
-                              f"{dof_name(robot, i)}: {tau[b, k, i].item()}")
+    or one beyond :data:`~diffmech.model.validate.MAX_MAGNITUDE` (one synchronisation each), naming the
+    first step, element and joint or link (and the model, for a scene: ``parts`` as in
+    :func:`check_initial_state`)."""
+    if parts is None:
+        parts = [(None, robot, 0, 0)]
+    if tau is not None:
+        bad = ~(torch.isfinite(tau) & (tau.abs() <= MAX_MAGNITUDE))
+        if bool(bad.any()):
+            b, k, i = (bad.nonzero()[0]).tolist()
+            part, j = _locate(parts, i, "v")
+            value = tau[b, k, i].item()
+            raise SimulationError(f"{where}: 'tau' {_why(value)} at step {k} (t = {k * dt:.6g} s){element(batch, b)}, "
+                                  f"{_where(part)}{dof_name(part[1], j)}: {value:g}")
     if f_ext is not None and not bool(torch.isfinite(f_ext).all()):
         b, k, link, c = ((~torch.isfinite(f_ext)).nonzero()[0]).tolist()
-        raise SimulationError(f"rollout: 'f_ext' is not finite at step {k} (t = {k * dt:.6g} s){element(batch, b)}, "
+        raise SimulationError(f"{where}: 'f_ext' is not finite at step {k} (t = {k * dt:.6g} s){element(batch, b)}, "
                               f"link '{robot.link_names[link]}', component {c}: {f_ext[b, k, link, c].item()}")
 
 

@@ -13,7 +13,7 @@ sublinearly (or not at all) with the horizon. The recomputed states are the forw
 bit (same warm starts, same operations), so the gradient does not depend on ``k``.
 ``adjoint="autograd"`` keeps the graph of the whole loop.
 
-A scene of one robot whose shapes are spheres and capsules on the ground, rolled out under a torque
+A scene of one robot whose shapes are spheres, capsules, boxes and cylinders on the ground, rolled out under a torque
 sequence with the checkpointed adjoint once its native kernels are built, takes each step and each
 step's reverse without autograd (:mod:`diffmech.sim._ground_rollout`: one C call each): the same
 trajectory and gradient as the steps below, several times faster for one robot.
@@ -28,9 +28,12 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from .. import _log
+from .._progress import Stage
 from ..dynamics import threads
 from ..dynamics._jacobian import JACOBIAN_MAX_BATCH, one_thread
 from ..errors import ShapeError, SimulationError
+from ._guards import check_initial_state, check_tensor_controls
 from .contact_step import contact_step
 from .route import rollout_route, warn_unconverged
 from .scene import Scene, warn_initial_penetration
@@ -42,6 +45,14 @@ from .scene import Scene, warn_initial_penetration
 CHECKPOINT_BUDGET = 8 << 20
 
 __all__ = ["scene_rollout"]
+
+log = _log.get("sim")
+
+
+def _stage(what: str, scene: Scene, T: int, B: int, dt: float, route: str, progress: bool | None) -> Stage:
+    """The progress of a pass over ``T`` steps (see :mod:`diffmech._progress`)."""
+    sizes = f"{T} steps x batch {B} of a scene (nq {scene.nq}, nv {scene.nv}), dt {dt:g} s, route {route}"
+    return Stage(log, what, T, sizes=sizes, progress=progress)
 
 
 def _trainable(scene: Scene, policy, params: Sequence[Tensor]) -> list[Tensor]:
@@ -55,6 +66,15 @@ def _trainable(scene: Scene, policy, params: Sequence[Tensor]) -> list[Tensor]:
     return out
 
 
+def _at_step(err: SimulationError, k: int, dt: float) -> SimulationError:
+    """``err`` of a step, with the rollout's step and time in front."""
+    msg = str(err).removeprefix("contact_step: ")
+    if getattr(err, "argument", None) in ("q", "v") and k > 0:  # the previous step produced it
+        return SimulationError(f"rollout: the state after step {k - 1} (t = {k * dt:.6g} s) is not finite "
+                               f"({msg}); check that step's controls, or try a smaller dt")
+    return SimulationError(f"rollout: at step {k} (t = {k * dt:.6g} s): {msg}")
+
+
 def _check(k: int, q: Tensor, v: Tensor) -> None:
     if not (torch.isfinite(q).all() and torch.isfinite(v).all()):
         bad = (~(torch.isfinite(q).all(-1) & torch.isfinite(v).all(-1))).nonzero()[0, 0]
@@ -64,7 +84,7 @@ def _check(k: int, q: Tensor, v: Tensor) -> None:
 
 class _Checkpointed(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, scene, ctrl, dt, T, K, stats, stepper, route, q0, v0, tau, *params):
+    def forward(ctx, scene, ctrl, dt, T, K, stats, stepper, route, progress, q0, v0, tau, *params):
         Q = [q0.detach()]
         V = [v0.detach()]
         q, v = Q[0], V[0]
@@ -79,10 +99,13 @@ class _Checkpointed(torch.autograd.Function):
         K, kept = (1 if auto else K), 0
         # stepper: the steps and their reverse in C (diffmech.sim._ground_rollout); else contact_step and its replay
         step = contact_step if stepper is None else stepper.step
-        with torch.no_grad():
+        with torch.no_grad(), _stage("rollout", scene, T, q0.shape[0], dt, route, progress) as stage:
             for k in range(T):
                 info: dict = {}
-                q, v = step(scene, q, v, ctrl(k, q, v, tau), dt, info, warm=prev)
+                try:
+                    q, v = step(scene, q, v, ctrl(k, q, v, tau), dt, info, warm=prev)
+                except SimulationError as err:
+                    raise _at_step(err, k, dt) from None
                 prev = info["lam"]
                 if ((k + 1) % K == 0 and k + 1 < T) or k + 1 == T:  # the last: the final step's own impulses
                     warm[k + 1] = prev
@@ -101,6 +124,7 @@ class _Checkpointed(torch.autograd.Function):
                     warn_unconverged(scene, info, f"rollout step {k}")
                 Q.append(q)
                 V.append(v)
+                stage.update()
         Qs, Vs = torch.stack(Q, 1), torch.stack(V, 1)
         # with K == 1 the outputs are the stored states (no copy); otherwise keep the checkpoints
         Qc, Vc = (Qs, Vs) if K == 1 else (Qs[:, ::K].clone(), Vs[:, ::K].clone())
@@ -114,6 +138,7 @@ class _Checkpointed(torch.autograd.Function):
                 t.numel() * t.element_size() for w in warm.values() for t in w.values())
         ctx.scene, ctx.ctrl, ctx.dt, ctx.T, ctx.K, ctx.warm, ctx.stats = scene, ctrl, dt, T, K, warm, stats
         ctx.stepper, ctx.step = stepper, step
+        ctx.progress, ctx.route = progress, route
         ctx.has_tau = tau is not None
         ctx.save_for_backward(Qc, Vc, tau if tau is not None else torch.empty(0), *params)
         return Qs, Vs
@@ -124,12 +149,13 @@ class _Checkpointed(torch.autograd.Function):
         Qc, Vc, tau, *params = ctx.saved_tensors
         T, K = ctx.T, ctx.K
         aq, av = gQ[:, T].clone(), gV[:, T].clone()
-        gtau = torch.zeros_like(tau) if ctx.has_tau and ctx.needs_input_grad[10] else None
+        gtau = torch.zeros_like(tau) if ctx.has_tau and ctx.needs_input_grad[11] else None
         gp = [torch.zeros_like(p) for p in params]
         seg_bytes = 0
         if ctx.stepper is not None:
             ctx.stepper.reset()
-        with one_thread() if Qc.shape[0] <= JACOBIAN_MAX_BATCH else contextlib.nullcontext():
+        stage = _stage("rollout backward", ctx.scene, T, Qc.shape[0], ctx.dt, ctx.route, ctx.progress)
+        with stage, one_thread() if Qc.shape[0] <= JACOBIAN_MAX_BATCH else contextlib.nullcontext():
             for s in range((T - 1) // K * K, -1, -K):
                 e = min(s + K, T)
                 seg = _segment(ctx, Qc[:, s // K], Vc[:, s // K], tau, s, e)
@@ -139,13 +165,14 @@ class _Checkpointed(torch.autograd.Function):
                 # each step's own impulses: the next step's warm start, the last one's kept at the checkpoint
                 seg = [(k, q, v, w, nxt) for (k, q, v, w), nxt in zip(seg, [x[3] for x in seg[1:]] + [ctx.warm[e]])]
                 aq, av = _reverse(ctx, gQ, gV, seg, tau, params, aq, av, gtau, gp)
+                stage.update(e - s)
         if ctx.stepper is not None:  # the scene's tensors: their cotangents summed over the steps, pulled back once
             for i, g in enumerate(ctx.stepper.parameter_grads(params)):
                 if g is not None:
                     gp[i] = gp[i] + g
         if ctx.stats is not None:
             ctx.stats["backward_segment_bytes"] = seg_bytes
-        return (None, None, None, None, None, None, None, None, aq, av, gtau, *gp)
+        return (None, None, None, None, None, None, None, None, None, aq, av, gtau, *gp)
 
 
 def _nbytes(warm) -> int:
@@ -255,7 +282,7 @@ def scene_rollout(
     checkpoint_every: int | None = None,
     steps: int | None = None,
     params: Sequence[Tensor] | None = None,
-    progress: bool = False,
+    progress: bool | None = None,
     stats: dict | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Simulate a scene; shapes and meaning as :func:`diffmech.sim.rollout` (``q0 (..., nq)``,
@@ -307,15 +334,17 @@ def scene_rollout(
         T = int(steps)
     B = int(torch.Size(batch).numel())
     q0f = q0.expand(*batch, scene.nq).reshape(B, scene.nq)
+    v0f = v0.expand(*batch, scene.nv).reshape(B, scene.nv)
+    tauf = None
+    parts = [(n, scene.models[n], scene.slices[n].start, scene.vslices[n].start) for n in scene.names]
+    if policy is None:
+        tauf = tau.expand(*batch, T, scene.nv).reshape(B, T, scene.nv)
+    with torch.no_grad():
+        check_initial_state(batch, q0f, v0f, parts)
+        check_tensor_controls(None, batch, dt, tauf, None, parts)
     if not scene.__dict__.get("_checked_start"):  # once per scene: a robot placed by guessing its height
         scene.__dict__["_checked_start"] = True
         warn_initial_penetration(scene, q0f)
-    v0f = v0.expand(*batch, scene.nv).reshape(B, scene.nv)
-    tauf = None
-    if policy is None:
-        tauf = tau.expand(*batch, T, scene.nv).reshape(B, T, scene.nv)
-        if not torch.isfinite(tauf).all():
-            raise SimulationError("rollout: tau has non-finite entries")
 
     def ctrl(k, q, v, tau_all):
         if policy is None:
@@ -323,10 +352,6 @@ def scene_rollout(
         u = policy(k * dt, q.reshape(*batch, scene.nq), v.reshape(*batch, scene.nv))
         return u.reshape(B, scene.nv)
 
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=T, desc="rollout", disable=None)
     if adjoint == "autograd":
         _, route = rollout_route(scene, q0f, dt, adjoint)
         if stats is not None:
@@ -334,16 +359,20 @@ def scene_rollout(
         q, v = q0f, v0f
         Q, V = [q], [v]
         warm: dict = {}
+        stage = _stage("rollout (autograd)", scene, T, B, dt, route, progress)
         for k in range(T):
             info: dict = {}
-            q, v = contact_step(scene, q, v, ctrl(k, q, v, tauf), dt, info, warm=warm)
+            try:
+                q, v = contact_step(scene, q, v, ctrl(k, q, v, tauf), dt, info, warm=warm)
+            except SimulationError as err:
+                raise _at_step(err, k, dt) from None
             warm = info["lam"]
             if k % 32 == 31 or k == T - 1:
                 _check(k, q, v)
             Q.append(q)
             V.append(v)
-            if progress:
-                bar.update(1)
+            stage.update()
+        stage.close()
         Qs, Vs = torch.stack(Q, 1), torch.stack(V, 1)
     else:
         ps = _trainable(scene, policy, params or [])
@@ -351,9 +380,5 @@ def scene_rollout(
             _probe(policy, q0f, v0f, batch, scene, ps)
         stepper, route = rollout_route(scene, q0f, dt, adjoint)
         K = None if checkpoint_every is None else min(checkpoint_every, max(T, 1))
-        Qs, Vs = _Checkpointed.apply(scene, ctrl, dt, T, K, stats, stepper, route, q0f, v0f, tauf, *ps)
-        if progress:
-            bar.update(T)
-    if progress:
-        bar.close()
+        Qs, Vs = _Checkpointed.apply(scene, ctrl, dt, T, K, stats, stepper, route, progress, q0f, v0f, tauf, *ps)
     return Qs.reshape(*batch, T + 1, scene.nq), Vs.reshape(*batch, T + 1, scene.nv)

@@ -27,7 +27,7 @@ selection, no sweeps, the same result bit for bit) and differentiates through it
 the impulse of stage 4 as one node with a hand-written reverse pass
 (:func:`diffmech.contact.impulses.velocity_update`).
 
-A scene of one robot whose shapes are spheres and capsules touching only the ground takes a native
+A scene of one robot whose shapes are spheres, capsules, boxes and cylinders touching only the ground takes a native
 route once its kernels are built (:func:`diffmech.sim.prepare_ground_kernels`): stages 1 and 2 are
 one kernel call (every ball a candidate: no broad phase), and the step's gradient one node that
 runs that kernel's reverse mode and the contact problem's reverse pass in C
@@ -38,6 +38,7 @@ solver, same step to rounding.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from typing import NamedTuple
 
@@ -45,6 +46,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..contact import convex
 from ..contact import geometry as geo
 from ..contact.impulses import Blocks, assemble, velocity_update
 from ..contact.pgs import pgs
@@ -53,7 +55,7 @@ from ..dynamics import threads
 from ..dynamics._jacobian import JACOBIAN_MAX_BATCH, one_thread
 from ..dynamics.free_flyer import free_flyer_integrate
 from ..dynamics.kinematics import advance_floating_base, poses_and_world_jacobians
-from ..errors import ModelError, ShapeError
+from ..errors import ModelError, ShapeError, SimulationError
 from ..model.collision import Shape
 from ..spatial import quat_to_matrix, rpy_to_matrix, skew
 from ._ground_step import coefficients as ground_coefficients
@@ -68,8 +70,11 @@ _SUPPORTED = {("sphere", "sphere"), ("box", "sphere"), ("capsule", "sphere"), ("
               ("box", "capsule"), ("box", "box")}
 
 
-def _pair(ka, sa, Ra, pa, kb, sb, Rb, pb) -> geo.Candidates:
-    """Candidates of shape a against shape b (normal from b to a)."""
+def _pair(ka, sa, Ra, pa, kb, sb, Rb, pb, ha=None, hb=None) -> geo.Candidates:
+    """Candidates of shape a against shape b (normal from b to a); ``ha``, ``hb``: the hulls of
+    convex shapes (:mod:`diffmech.contact.convex`)."""
+    if ka == "convex" or kb == "convex":
+        return _convex_pair(ka, sa, Ra, pa, kb, sb, Rb, pb, ha, hb)
     if (ka, kb) not in _SUPPORTED:
         c = _pair(kb, sb, Rb, pb, ka, sa, Ra, pa)
         return geo.Candidates(c.phi, c.point, -c.normal)
@@ -87,6 +92,23 @@ def _pair(ka, sa, Ra, pa, kb, sb, Rb, pb) -> geo.Candidates:
         c = geo.capsule_box(Rb, pb, sb, Ra, pa, sa)
         return geo.Candidates(c.phi, c.point, -c.normal)
     return geo.box_box(Ra, pa, sa, Rb, pb, sb)
+
+
+def _convex_pair(ka, sa, Ra, pa, kb, sb, Rb, pb, ha, hb) -> geo.Candidates:
+    """A pair with a convex shape (the convex one first in :mod:`diffmech.contact.convex`'s functions)."""
+    if ka != "convex":
+        c = _convex_pair(kb, sb, Rb, pb, ka, sa, Ra, pa, hb, ha)
+        return geo.Candidates(c.phi, c.point, -c.normal)
+    if kb == "convex":
+        return convex.convex_convex(ha, sa, Ra, pa, hb, sb, Rb, pb)
+    if kb == "sphere":
+        return convex.convex_sphere(ha, sa, Ra, pa, pb, sb[0])
+    if kb == "capsule":
+        return convex.convex_capsule(ha, sa, Ra, pa, Rb, pb, sb)
+    if kb == "box":
+        return convex.convex_box(ha, sa, Ra, pa, Rb, pb, sb)
+    raise ModelError(f"Scene: a convex shape touches spheres, capsules, boxes, convex shapes and the ground, "
+                     f"not a {kb}")
 
 
 def _tangents(n: Tensor) -> tuple[Tensor, Tensor]:
@@ -125,7 +147,8 @@ def _broad_phase(scene: Scene, items: list, P: Tensor | None, reach: float) -> t
     step in any environment: bounding spheres tested all at once (one ``(B, N, N)`` distance
     table and one transfer to the host), so a scene of many bodies pays the narrow phase only
     for the pairs that are close. Shapes of one model are paired only with ``self_collision``
-    and never across a joint."""
+    and never across a joint; a static model's shapes (fixed obstacles) are paired with no shape of
+    another static model and never with the ground."""
     if not items:
         return [], []
     P = P.detach()  # (B, N, 3) the shapes' centres
@@ -140,6 +163,8 @@ def _broad_phase(scene: Scene, items: list, P: Tensor | None, reach: float) -> t
                 (na, la), (nb, lb) = items[i][:2], items[j][:2]
                 if na == nb and (not scene.self_collision or _adjacent(scene.models[na], la, lb)):
                     ok[i, j] = False
+                if na in scene.static and nb in scene.static:  # two obstacles: neither moves
+                    ok[i, j] = False
         cache[key] = ok
     pair_ok = cache[key]
     if N > 1 and cache.setdefault(("any", key), bool(pair_ok.any())):  # no pair may touch: no distance table
@@ -148,7 +173,8 @@ def _broad_phase(scene: Scene, items: list, P: Tensor | None, reach: float) -> t
     else:
         close = pair_ok
     low = (P[..., 2] - rad).amin(0).cpu() if scene.ground else None
-    ground = [] if low is None else (low < reach).nonzero()[:, 0].tolist()
+    ground = [] if low is None else [i for i in (low < reach).nonzero()[:, 0].tolist()
+                                     if items[i][0] not in scene.static]
     return ground, [tuple(ij) for ij in close.nonzero().tolist()]
 
 
@@ -178,7 +204,8 @@ def _shape_layout(scene: Scene, n: str, dtype, device) -> _Layout:
     m = scene.models[n]
     shaped = list(scene.shapes[n])
     shapes = [(link, k, sh, j) for j, link in enumerate(shaped) for k, sh in enumerate(scene.shapes[n][link])]
-    key = (tuple(m.link_names), tuple((link, k, sh.kind, sh.rpy, sh.xyz) for link, k, sh, _ in shapes), dtype, device)
+    key = (tuple(m.link_names), tuple((link, k, sh.kind, sh.rpy, sh.xyz, sh.hull) for link, k, sh, _ in shapes),
+           dtype, device)
     got = _LAYOUTS.get(key)
     if got is None:
         links = torch.tensor([m.link_names.index(link) for link, _, _, _ in shapes], dtype=torch.long, device=device)
@@ -192,8 +219,8 @@ def _free_layout(scene: Scene, free: list[str], dtype, device) -> tuple[Tensor, 
     columns in the scene's velocity ``(K, 6)``; cached."""
     shapes = [(n, link, k, sh) for n in free for link, shs in scene.shapes[n].items() for k, sh in enumerate(shs)]
     starts = tuple(scene.vslices[n].start for n in free)
-    key = ("free", tuple(free), starts, tuple((n, link, k, sh.kind, sh.rpy, sh.xyz) for n, link, k, sh in shapes),
-           dtype, device)
+    key = ("free", tuple(free), starts,
+           tuple((n, link, k, sh.kind, sh.rpy, sh.xyz, sh.hull) for n, link, k, sh in shapes), dtype, device)
     got = _LAYOUTS.get(key)
     if got is None:
         body = torch.tensor([free.index(n) for n, _, _, _ in shapes], dtype=torch.long, device=device)
@@ -215,8 +242,8 @@ def _placed(R: Tensor, p: Tensor, layout: _Layout) -> tuple[Tensor, Tensor]:
 def _item(scene: Scene, n: str, link: str, k: int, shape: Shape, row: int) -> tuple:
     """``(model, link, shape, size, bounding radius, world Jacobian row)`` of one shape."""
     size = scene.shape_size(n, link, k)
-    radius = (Shape(shape.kind, tuple(size.detach().tolist())).bounding_radius if isinstance(size, Tensor)
-              else shape.bounding_radius)
+    radius = (dataclasses.replace(shape, size=tuple(size.detach().tolist())).bounding_radius
+              if isinstance(size, Tensor) else shape.bounding_radius)
     return n, link, shape, size, radius, row
 
 
@@ -248,12 +275,16 @@ def _ground_candidates(items: list, near: list[int], R_all: Tensor, p_all: Tenso
             idx = torch.tensor(sel, dtype=torch.long, device=p_all.device)
             phi, point = geo.plane_candidates_many(kind, [items[i][3] for i in sel], R_all[:, idx], p_all[:, idx])
             per = 1 if kind == "sphere" else 2
+        elif kind == "convex":
+            c = [convex.convex_plane(items[i][2].hull, items[i][3], R_all[:, i], p_all[:, i]) for i in sel]
+            phi, point = torch.cat([x.phi for x in c], 1), torch.cat([x.point for x in c], 1)
+            per = None
         else:
             c = [geo.plane_candidates(kind, items[i][3], R_all[:, i], p_all[:, i]) for i in sel]
             phi, point = torch.cat([x.phi for x in c], 1), torch.cat([x.point for x in c], 1)
             per = c[0].phi.shape[1]
         order += sel
-        counts += [per] * len(sel)
+        counts += [x.phi.shape[1] for x in c] if per is None else [per] * len(sel)
         phis.append(phi)
         points.append(point)
     return _Touching([items[i][5] for i in order], [(i, -1) for i in order],
@@ -311,6 +342,23 @@ def _select(scene: Scene, t: _Touching, J_all: Tensor, v_free: Tensor, dt: float
                        .expand(B, -1))
         else:
             out.append(torch.tensor(vals, dtype=dtype, device=v_free.device).expand(B, -1))
+
+
+def _singular(name: str, m, q: Tensor, v: Tensor, tau: Tensor) -> Exception:
+    """The error for a mass matrix that failed to factor: a non-finite ``q (B, nq)``, ``v`` or ``tau (B, nv)``
+    of model ``name`` (named with its batch element and coordinate; a rollout adds the step), else a
+    singular model."""
+    from ._guards import coord_name, dof_name
+
+    for arg, x, what in (("q", q, coord_name), ("v", v, dof_name), ("tau", tau, dof_name)):
+        bad = ~torch.isfinite(x.detach())
+        if bool(bad.any()):
+            b, i = bad.nonzero()[0].tolist()
+            err = SimulationError(f"contact_step: '{arg}' of model {name!r} is not finite in batch element {b}: "
+                                  f"{what(m, i)} = {x[b, i].item()}")
+            err.argument = arg
+            return err
+    return ModelError(f"Scene model {name!r}: the mass matrix is not positive definite (a massless moving link?)")
 
 
 def _free_bodies(scene: Scene) -> list[str]:
@@ -402,6 +450,9 @@ def _advance(scene: Scene, qs: dict, vs: dict, dt: float, free: list[str]) -> tu
         if n in qo:
             continue
         m, q, v = scene.models[n], qs[n], vs[n]
+        if n in scene.static:  # (B, 0): nothing moves
+            qo[n], vo[n] = q, v
+            continue
         if not m.floating_base:
             qo[n], vo[n] = m.integrate(q, v, dt), v
             continue
@@ -504,6 +555,11 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
         if n in chol:
             continue
         m = scene.models[n]
+        if n in scene.static:  # a fixed obstacle: no velocity, no mass matrix; its shapes' poses only
+            vfree[n] = vs[n]
+            if scene.shapes[n]:  # its Jacobians have no column: (B, L, 6, 0), zero rows once padded
+                poses[n], jac_world[n] = poses_and_world_jacobians(m, qs[n], list(scene.shapes[n]))
+            continue
         M = m.mass_matrix(qs[n])
         f = ts[n] - m.bias_forces(qs[n], vs[n])
         if n in scene.drives:
@@ -519,7 +575,7 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
             M = M + torch.diag_embed(extra)
         L, bad = torch.linalg.cholesky_ex(M)
         if bool(bad.any()):
-            raise ModelError(f"Scene model {n!r}: the mass matrix is not positive definite (a massless moving link?)")
+            raise _singular(n, m, qs[n], vs[n], ts[n])
         chol[n] = L
         acc = torch.cholesky_solve(f[..., None], L)[..., 0]
         if m.floating_base:  # base translation in world axes at step k (see _advance)
@@ -580,8 +636,8 @@ def _step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict
             if "cylinder" in (sa.kind, sb.kind):
                 raise ModelError(f"Scene: a cylinder touches only the ground; {na}/{la} ({sa.kind}) and "
                                  f"{nb}/{lb} ({sb.kind}) came within {reach:.3g} m of each other")
-            groups.append((_pair(sa.kind, za, R_all[:, i], p_all[:, i], sb.kind, zb, R_all[:, j], p_all[:, j]),
-                           i, j))
+            groups.append((_pair(sa.kind, za, R_all[:, i], p_all[:, i], sb.kind, zb, R_all[:, j], p_all[:, j],
+                                 sa.hull, sb.hull), i, j))
         pairs = _Touching([(items[i][5], items[j][5]) for _, i, j in groups],
                           [(i, j) for _, i, j in groups],
                           [(items[i][0], items[j][0], items[i][1], items[j][1]) for _, i, j in groups],
@@ -674,10 +730,11 @@ def _finish(scene: Scene, qs: dict, v: Tensor, v_free: Tensor, vfree: dict, chol
     K = Jc.shape[1]
     J = Jc.reshape(B, 3 * K, scene.nv)
     # the mass matrix's blocks: the free bodies' stacked (one batched solve), each other model's own
-    Ls = ([torch.stack([chol[n] for n in free], 1)] if free else []) + [chol[n][:, None] for n in names
-                                                                          if n not in free]
+    # (a static model has none: no column of J is its, as for a body of infinite mass)
+    moving = [n for n in names if n not in free and n not in scene.static]
+    Ls = ([torch.stack([chol[n] for n in free], 1)] if free else []) + [chol[n][:, None] for n in moving]
     starts = ([tuple(scene.vslices[n].start for n in free)] if free else []) + [
-        (scene.vslices[n].start,) for n in names if n not in free]
+        (scene.vslices[n].start,) for n in moving]
     blocks = Blocks(Ls, starts)
     rules = {"dt": dt, "baumgarte": scene.baumgarte, "bounce_speed": scene.bounce_speed}
     replayed = replay is not None and list(replay) == keys  # contact_step passes replay with pgs only

@@ -354,6 +354,9 @@ class Integrator(abc.ABC):
 
     def check_robot(self, robot: RobotModel) -> None:
         """Raise :class:`~diffmech.errors.ModelError` if this integrator cannot simulate ``robot``."""
+        if robot.tree.nb == 0:
+            raise ModelError(f"'{robot.name}' is a static model (no moving joint and no floating base: nq = nv = 0): "
+                             "nothing to integrate; use it as a fixed obstacle in a diffmech.sim.Scene")
         if self.implicit and robot.tree.coords is not None:
             raise ModelError(f"integrator '{self.name}' does not support mimic joints ('{robot.name}' has some); "
                              "use 'semi_implicit_euler', 'euler', 'midpoint' or 'rk4'")

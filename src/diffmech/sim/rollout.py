@@ -35,6 +35,7 @@ the input whose gradient went bad.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import weakref
@@ -44,6 +45,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from .. import _log
+from .._progress import Stage
 from ..dynamics import threads
 from ..dynamics.aba import _lu_apply, forward_dynamics_flat
 from ..dynamics.compiled import CompiledDynamics, compiled
@@ -66,6 +69,8 @@ from .scene import Scene
 
 __all__ = ["rollout", "ADJOINTS"]
 
+log = _log.get("sim")
+
 ADJOINTS = ("checkpoint", "autograd")
 
 # States, controls and cotangents are checked once per this many steps (one host sync per chunk,
@@ -83,7 +88,7 @@ class _Config:
     batch: tuple[int, ...]
     policy: Callable | None
     checkpoint_every: int
-    progress: bool
+    progress: bool | None
     stats: dict | None
     record: bool = False  # keep the forward-dynamics values for the backward pass
     dyn: CompiledDynamics | None = None  # compiled forward dynamics (``compile=True``)
@@ -115,12 +120,12 @@ def _control(cfg: _Config, tau: Tensor | None, k: int, q: Tensor, v: Tensor) -> 
         ) from None
 
 
-def _steps_iter(cfg: _Config, start: int, stop: int, desc: str):
-    if not cfg.progress:
-        return range(start, stop)
-    from tqdm.auto import tqdm
-
-    return tqdm(range(start, stop), desc=desc, total=stop - start, leave=False, disable=None)
+def _stage(cfg: _Config, what: str, total: int) -> Stage:
+    """The progress of a pass over ``total`` steps (see :mod:`diffmech._progress`)."""
+    r = cfg.robot
+    sizes = (f"{cfg.steps} steps x batch {cfg.B} of '{r.name}' (nq {r.nq}, nv {r.nv}), dt {cfg.dt:g} s, "
+             f"{cfg.integ.name}")
+    return Stage(log, what, total, sizes=sizes, progress=cfg.progress)
 
 
 # ----------------------------------------------------------------------------- policies and params=
@@ -339,25 +344,29 @@ def _simulate(cfg: _Config, q0, v0, tau, f_ext, Q, V, start: int, stop: int, che
     last = start
     implicit = integ.implicit
     accel = tape.record if tape is not None else _plain_accel(cfg)
-    for k in _steps_iter(cfg, start, stop, "rollout") if show else range(start, stop):
-        u = _control(cfg, tau, k, q, v)
-        if U is not None:
-            U[:, k - offset] = u
-        fe = None if f_ext is None else f_ext[:, k]
-        if tape is not None:
-            tape.seek(k - offset)
-        if cfg.cstep is not None:
-            q, v = cfg.cstep.step(q, v, u, cfg.mt)
-        else:
-            q, v = integ.step_flat(robot, q, v, u, dt, fe, passive, context=f"step {k}" if implicit else "",
-                                   accel=accel)
-        Q[:, k + 1 - offset] = q
-        V[:, k + 1 - offset] = v
-        if check and (k + 1 - last >= _CHECK_EVERY or k + 1 == stop):
-            us = U[:, last - offset:k + 1 - offset] if cfg.policy is not None else tau[:, last:k + 1]
-            cfg.monitor.check(Q[:, last - offset:k + 2 - offset], V[:, last - offset:k + 2 - offset], us,
-                              None if f_ext is None else f_ext[:, last:k + 1], last + 1, cfg.policy is not None)
-            last = k + 1
+    stage = _stage(cfg, "rollout", stop - start) if show and cfg.progress is not False else None
+    with stage if stage is not None else contextlib.nullcontext():
+        for k in range(start, stop):
+            u = _control(cfg, tau, k, q, v)
+            if U is not None:
+                U[:, k - offset] = u
+            fe = None if f_ext is None else f_ext[:, k]
+            if tape is not None:
+                tape.seek(k - offset)
+            if cfg.cstep is not None:
+                q, v = cfg.cstep.step(q, v, u, cfg.mt)
+            else:
+                q, v = integ.step_flat(robot, q, v, u, dt, fe, passive, context=f"step {k}" if implicit else "",
+                                       accel=accel)
+            Q[:, k + 1 - offset] = q
+            V[:, k + 1 - offset] = v
+            if check and (k + 1 - last >= _CHECK_EVERY or k + 1 == stop):
+                us = U[:, last - offset:k + 1 - offset] if cfg.policy is not None else tau[:, last:k + 1]
+                cfg.monitor.check(Q[:, last - offset:k + 2 - offset], V[:, last - offset:k + 2 - offset], us,
+                                  None if f_ext is None else f_ext[:, last:k + 1], last + 1, cfg.policy is not None)
+                last = k + 1
+            if stage is not None:
+                stage.update()
 
 
 def _plain_accel(cfg: _Config) -> Callable | None:
@@ -479,11 +488,7 @@ class _CheckpointRollout(torch.autograd.Function):
             mt_idx = [i for i, t in enumerate(mt_graph) if t.requires_grad]
             mt_leaves = tuple(t.detach().requires_grad_(i in mt_idx) for i, t in enumerate(mt_graph))
             grads.mt = [None] * len(mt_idx)
-        bar = None
-        if cfg.progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=T, desc="rollout backward", leave=False, disable=None)
+        bar = _stage(cfg, "rollout backward", T) if cfg.progress is not False else None
         tape = _Tape(cfg, ctx.accels, model_params, mt_leaves) if ctx.accels is not None else None
         # Explicit steps without f_ext reverse from step Jacobians batched over time (with a policy:
         # plus one policy VJP per step; robot parameters: one batched VJP per chunk). Compiled
@@ -780,19 +785,23 @@ def _autograd_rollout(cfg: _Config, q0, v0, tau, f_ext) -> tuple[Tensor, Tensor]
     last = 0
     implicit = integ.implicit
     accel = _plain_accel(cfg)
-    for k in _steps_iter(cfg, 0, cfg.steps, "rollout (autograd)"):
-        u = _control(cfg, tau, k, q, v)
-        us.append(u.detach())
-        fe = None if f_ext is None else f_ext[:, k]
-        q, v = integ.step_flat(robot, q, v, u, dt, fe, passive, context=f"step {k}" if implicit else "", accel=accel)
-        qs.append(q)
-        vs.append(v)
-        if k + 1 - last >= _CHECK_EVERY or k + 1 == cfg.steps:
-            with torch.no_grad():
-                cfg.monitor.check(torch.stack(qs[last:], 1).detach(), torch.stack(vs[last:], 1).detach(),
-                                  torch.stack(us[last:], 1), None if f_ext is None else f_ext[:, last:k + 1].detach(),
-                                  last + 1, cfg.policy is not None)
-            last = k + 1
+    with _stage(cfg, "rollout (autograd)", cfg.steps) as stage:
+        for k in range(cfg.steps):
+            u = _control(cfg, tau, k, q, v)
+            us.append(u.detach())
+            fe = None if f_ext is None else f_ext[:, k]
+            q, v = integ.step_flat(robot, q, v, u, dt, fe, passive, context=f"step {k}" if implicit else "",
+                                   accel=accel)
+            qs.append(q)
+            vs.append(v)
+            if k + 1 - last >= _CHECK_EVERY or k + 1 == cfg.steps:
+                with torch.no_grad():
+                    cfg.monitor.check(torch.stack(qs[last:], 1).detach(), torch.stack(vs[last:], 1).detach(),
+                                      torch.stack(us[last:], 1),
+                                      None if f_ext is None else f_ext[:, last:k + 1].detach(),
+                                      last + 1, cfg.policy is not None)
+                last = k + 1
+            stage.update()
     Q, V = torch.stack(qs, 1), torch.stack(vs, 1)
     if cfg.stats is not None:
         cfg.stats.update(forward_time=time.perf_counter() - t0, steps=cfg.steps, checkpoint_every=None)
@@ -827,7 +836,7 @@ def rollout(
     params: Sequence[Tensor] | None = None,
     steps: int | None = None,
     max_energy_growth: float | None = DEFAULT_MAX_ENERGY_GROWTH,
-    progress: bool = False,
+    progress: bool | None = None,
     stats: dict | None = None,
     compile: bool | CompiledDynamics = False,
     contact: bool = False,
@@ -883,7 +892,11 @@ def rollout(
             factor (see :mod:`diffmech.sim._guards`; checked in chunks of 32 steps, two batched
             kinematic passes per chunk). A sane integration stays near 1 (``stats`` records the
             largest ratio); ``None`` turns the check off.
-        progress: show a progress bar (tqdm).
+        progress: ``None`` (default): silent while the pass (forward, and backward when it runs)
+            is short; once it has run 2 s, a tqdm bar on stderr if stderr is a terminal, else one
+            INFO line of the ``diffmech.sim`` logger then (the sizes) and one at its end (elapsed
+            seconds); ``True``: a bar from the first step; ``False``: nothing. See
+            :mod:`diffmech._progress` and the docs page "Progress and logging".
         compile: evaluate the forward dynamics and their VJP with
             :func:`diffmech.dynamics.compiled` (explicit integrators; with ``f_ext`` too): on the
             CPU native kernels (built once per tree and stored on disk, seconds), elsewhere
@@ -991,7 +1004,7 @@ def rollout(
     tauf = tau.expand(*batch, T, robot.nv).reshape(B, T, robot.nv) if policy is None else None
     fef = f_ext.expand(*batch, T, robot.n_links, 6).reshape(B, T, robot.n_links, 6) if f_ext is not None else None
     with torch.no_grad():
-        check_initial_state(batch, q0f, v0f)
+        check_initial_state(batch, q0f, v0f, robot=robot)
         check_tensor_controls(robot, batch, dt, tauf, fef)
 
     cfg = _Config(robot=robot, integ=integ, dt=dt, steps=T, passive=bool(passive), batch=batch, policy=policy,

@@ -11,7 +11,7 @@ Routes (the strings ``contact_step(..., info=d)`` and ``rollout(..., stats=d)`` 
   with a hand-written reverse pass).
 * ``"torch: <why>"``: the torch implementation (the reference), and why the native one cannot run:
   ``"torch: cuda"``, ``"torch: float16"``, ``"torch: torch.func transform"``, ``"torch: 2 models in the
-  scene"``, ``"torch: box shapes"``, ``"torch: kernels not built (...)"``, ``"torch: adjoint='autograd'"``,
+  scene"``, ``"torch: self-collision"``, ``"torch: kernels not built (...)"``, ``"torch: adjoint='autograd'"``,
   ``"torch: native kernels off (DIFFMECH_NATIVE=never)"``...
 
 Under ``DIFFMECH_NATIVE=require`` (or ``diffmech.dynamics.kernels.set_native("require")``) a call that

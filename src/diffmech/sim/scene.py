@@ -4,16 +4,24 @@ The scene's state is the models' states concatenated in the order given: ``q = [
 (``scene.nq``), ``v = [v_a, v_b, ...]`` (``scene.nv``), ``scene.slices[name]`` and
 ``scene.vslices[name]`` the parts of each model. :func:`diffmech.sim.rollout` steps a scene with
 frictional contact (:mod:`diffmech.sim.contact_step`).
+
+Static models -- a URDF without a moving joint loaded without a floating base (a table, a ramp,
+``nq = nv = 0``) -- are fixed obstacles: their collision shapes stay at their forward-kinematics
+placements, they touch every moving model and free body (not the ground, not each other), the
+contact solver treats them as of infinite mass (they have no column in the scene's velocity), and
+they have no entries in ``q`` and ``v`` (their slices are empty).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from .._warnings import warn
+from ..contact.convex import convex_plane
 from ..contact.geometry import plane_candidates
 from ..dynamics.kinematics import forward_kinematics
 from ..errors import ModelError, OptionError, ShapeError
@@ -57,6 +65,9 @@ class Scene(nn.Module):
             then be unique). Fixed-base models stay where their root is; floating-base ones move
             freely (``diffmech.model.systems.sphere`` / ``box`` / ``capsule`` build free bodies).
             Only links with collision shapes (:mod:`diffmech.model.collision`) touch anything.
+            A static model (no moving joint, no floating base: ``nq = 0``) is a fixed obstacle at
+            the placement its forward kinematics gives (see the module docstring); a scene needs at
+            least one model that moves.
         ground: a plane ``z = 0`` with normal ``+z`` (named ``"ground"`` in ``pairs``).
         friction: Coulomb coefficient of every pair (number or one-element tensor; a tensor that
             requires grad receives gradients through a rollout).
@@ -104,6 +115,7 @@ class Scene(nn.Module):
 
     Attributes:
         names: the models' names, in the order of their coordinates.
+        static: the names of the static models (fixed obstacles; no coordinates), in that order.
         nq, nv: sizes of the scene's ``q`` and ``v`` (the models' concatenated).
         slices, vslices: ``{name: slice}`` of each model's coordinates in ``q`` and in ``v``.
         models: the models (``nn.ModuleDict``).
@@ -136,6 +148,10 @@ class Scene(nn.Module):
         dtypes = {m.dtype for _, m in items}
         if len(dtypes) > 1:
             raise ModelError(f"Scene: the models have different dtypes {sorted(map(str, dtypes))}")
+        self.static = [n for n, m in items if m.tree.nb == 0]
+        if len(self.static) == len(items):
+            raise ModelError(f"Scene: every model is static (no moving joint and no floating base: {self.static}); "
+                             "a scene needs a robot or a free body to simulate")
         self.names = names
         self.models = nn.ModuleDict(dict(items))
         self.slices: dict[str, slice] = {}
@@ -193,7 +209,9 @@ class Scene(nn.Module):
         the file's ``<mujoco model>`` when there is one such body (a free joint makes it a floating
         base; otherwise it hangs from its own massless world link). A
         plane of the world body at ``z = 0`` facing ``+z`` that collides is the ground; the world's
-        other colliding geoms and bodies without joints are not obstacles (one warning names them).
+        other colliding geoms and the top-level bodies without joints (welded to the world) are one
+        static model named ``"static"``, a fixed obstacle (its geoms of kinds the contact code does
+        not have, another plane among them: one warning names them).
         Links collide through their sphere, capsule, cylinder and box geoms (others: one warning);
         a link's friction is the largest sliding friction of its geoms and the ground's (MuJoCo
         takes the larger of a pair). ``self_collision`` is on when the geoms' ``contype`` /
@@ -377,7 +395,8 @@ class Scene(nn.Module):
         m, shapes = self.models[name], self.shapes[name]
         qm = q[..., self.slices[name]]
         batch = qm.shape[:-1]
-        p_links, R_links = forward_kinematics(m, qm.reshape(-1, m.nq), form="pos_rot")  # (B, L, 3), (B, L, 3, 3)
+        # (B, L, 3), (B, L, 3, 3); math.prod, not -1: a static model's part of q has no element
+        p_links, R_links = forward_kinematics(m, qm.reshape(math.prod(batch), m.nq), form="pos_rot")
         lows, rows = [], []
         for j, (link, shs) in enumerate(shapes.items()):
             li = m.link_names.index(link)
@@ -391,6 +410,8 @@ class Scene(nn.Module):
                 size = self.shape_size(name, link, k)
                 if sh.kind == "cylinder":
                     lows.append(_cylinder_low(R, p, size))
+                elif sh.kind == "convex":  # its deepest vertex
+                    lows.append(convex_plane(sh.hull, size, R, p, k=1).phi[..., 0])
                 else:  # sphere, capsule, box: the contact code's candidates include the lowest point
                     lows.append(plane_candidates(sh.kind, size, R, p).phi.amin(-1))
                 rows.append(j)
@@ -462,8 +483,9 @@ class Scene(nn.Module):
 
         Args:
             q: ``(..., scene.nq)`` configuration of the scene.
-            model: ``None`` (default): every model with collision shapes (fixed-base ones too); a
-                model name or a list of names.
+            model: ``None`` (default): every model with collision shapes (fixed-base ones too) but
+                the static ones (obstacles, which may reach into the ground by design); a model
+                name or a list of names.
 
         Returns:
             ``{name: (depth, link)}`` for each model with collision shapes: ``depth (...)`` the
@@ -478,7 +500,7 @@ class Scene(nn.Module):
         q = self._check_q(q, "penetration")
         out = {}
         for n in self._named(model, "penetration"):
-            if not self.shapes[n]:
+            if not self.shapes[n] or (model is None and n in self.static):
                 continue
             low, idx = self._lowest(n, q)
             links = list(self.shapes[n])
@@ -486,7 +508,8 @@ class Scene(nn.Module):
         return out
 
     def extra_repr(self) -> str:
-        return (f"models={self.names}, nq={self.nq}, nv={self.nv}, ground={self.ground}, "
+        static = f"static={self.static}, " if self.static else ""
+        return (f"models={self.names}, {static}nq={self.nq}, nv={self.nv}, ground={self.ground}, "
                 f"friction={_number(self.friction):g}, restitution={_number(self.restitution):g}")
 
 

@@ -269,7 +269,10 @@ def _collision_meshes(robot, link: str, index: int, color) -> list[LinkMesh]:
 
     out = []
     for s in collision_shapes(robot).get(link, []):
-        v, f = _primitive(s.kind, s.size)
+        if s.kind == "convex":  # a mesh's hull: its own triangles
+            v, f = s.hull.vertices * s.size[0], np.asarray(s.hull.triangles, dtype=np.int64)
+        else:
+            v, f = _primitive(s.kind, s.size)
         out.append(LinkMesh(link, index, _transform(_origin(s.xyz, s.rpy), v), f, tuple(color), "collision", s.kind))
     return out
 
@@ -292,6 +295,7 @@ def link_meshes(robot, geometry: str = "auto", color=None) -> list[LinkMesh]:
     with warnings.catch_warnings():
         # A URDF's mesh <collision> is skipped for contact with a warning; the view has the <visual>.
         warnings.filterwarnings("ignore", message=".*is not used for contact.*")
+        warnings.filterwarnings("ignore", message=".*contact uses (its convex hull|the hull of).*")
         from ..model.collision import collision_shapes
 
         collision_shapes(robot)
