@@ -108,7 +108,8 @@ class Scene(nn.Module):
             ``{(model name, link name): tensor}`` for a link's first shape, or ``{(model, link,
             index): tensor}``; the tensor holds the shape's dimensions in its
             :mod:`~diffmech.model.collision` order (sphere ``(radius,)``, box ``(lx, ly, lz)``,
-            capsule / cylinder ``(radius, length)``), m, and replaces the shape's own values in
+            capsule / cylinder ``(radius, length)``, convex hull ``(scale,)``: a factor on its
+            vertices, dimensionless), m, and replaces the shape's own values in
             the contact geometry (not in the mass or inertia, which stay the model's). A tensor
             that requires grad receives gradients through a rollout while the set of touching
             points stays the same.
