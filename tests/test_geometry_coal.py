@@ -72,7 +72,9 @@ def _axis_rotation(axis, angle: float) -> torch.Tensor:
     return torch.eye(3, dtype=F64) + math.sin(angle) * K + (1 - math.cos(angle)) * K @ K
 
 
-def _coal_shape(kind: str, size):
+def coal_shape(kind: str, size):
+    """The coal geometry of a diffmech primitive ``kind`` of dimensions ``size`` (also used by
+    ``test_geometry_convex.py``)."""
     if kind == "sphere":
         return coal.Sphere(size[0])
     if kind == "capsule":  # coal: radius and the full length of the axis (halfLength = length / 2), along z
@@ -86,14 +88,14 @@ def _coal_shape(kind: str, size):
     raise ValueError(kind)
 
 
-def _coal(ka, sa, Ra, pa, kb, sb, Rb, pb):
+def coal_distance(ga, Ra, pa, gb, Rb, pb):
     """Coal's signed distance ``(n,)``, points on a and on b ``(n, 3)`` and the normal from b to a
-    (diffmech's convention) ``(n, 3)`` for each of ``n`` poses."""
+    (diffmech's convention) ``(n, 3)`` between the coal geometries ``ga`` and ``gb`` at each of ``n``
+    poses ``R (n, 3, 3)``, ``p (n, 3)`` (also used by ``test_geometry_convex.py``)."""
     req = coal.DistanceRequest()
     req.enable_signed_distance = True
     req.gjk_tolerance = req.epa_tolerance = 1e-14
     req.gjk_max_iterations = req.epa_max_iterations = 1000
-    ga, gb = _coal_shape(ka, sa), _coal_shape(kb, sb)
     out = []
     for i in range(len(pa)):
         ta, tb = coal.Transform3s(), coal.Transform3s()
@@ -106,6 +108,11 @@ def _coal(ka, sa, Ra, pa, kb, sb, Rb, pb):
         out.append(np.concatenate([[d], res.getNearestPoint1(), res.getNearestPoint2(), -res.normal]))
     out = torch.tensor(np.array(out), dtype=F64)
     return out[:, 0], out[:, 1:4], out[:, 4:7], out[:, 7:10]
+
+
+def _coal(ka, sa, Ra, pa, kb, sb, Rb, pb):
+    """:func:`coal_distance` between the shapes ``(kind, size)`` ``a`` and ``b``."""
+    return coal_distance(coal_shape(ka, sa), Ra, pa, coal_shape(kb, sb), Rb, pb)
 
 
 def _near(g, ka, sa, kb, sb, scale, n=N, depth=0.12, Ra=None, Rb=None):

@@ -26,6 +26,8 @@ from diffmech.model import systems
 from diffmech.model.collision import Shape, set_collision_shapes
 from diffmech.sim import Scene, rollout
 from diffmech.spatial import matrix_to_quat, quat_to_matrix
+from test_geometry_coal import coal_distance as _coal
+from test_geometry_coal import coal_shape
 
 F64 = torch.float64
 N = 200  # random poses per pair type
@@ -65,35 +67,7 @@ def _coal_convex(h: cv.ConvexHull, scale: float = 1.0):
 def _coal_shape(kind: str, size):
     if kind == "convex":
         return _coal_convex(size[1], size[0])
-    if kind == "sphere":
-        return coal.Sphere(size[0])
-    if kind == "capsule":
-        return coal.Capsule(size[0], size[1])
-    if kind == "box":
-        return coal.Box(*size)
-    if kind == "ground":
-        return coal.Halfspace(np.array([0.0, 0.0, 1.0]), 0.0)
-    raise ValueError(kind)
-
-
-def _coal(ga, Ra, pa, gb, Rb, pb):
-    """Coal's signed distance, points on a and on b, and the normal from b to a, ``(n,)`` / ``(n, 3)``."""
-    req = coal.DistanceRequest()
-    req.enable_signed_distance = True
-    req.gjk_tolerance = req.epa_tolerance = 1e-14
-    req.gjk_max_iterations = req.epa_max_iterations = 1000
-    out = []
-    for i in range(len(pa)):
-        ta, tb = coal.Transform3s(), coal.Transform3s()
-        ta.setRotation(Ra[i].numpy())
-        ta.setTranslation(pa[i].numpy())
-        tb.setRotation(Rb[i].numpy())
-        tb.setTranslation(pb[i].numpy())
-        res = coal.DistanceResult()
-        d = coal.distance(ga, ta, gb, tb, req, res)
-        out.append(np.concatenate([[d], res.getNearestPoint1(), res.getNearestPoint2(), -res.normal]))
-    out = torch.tensor(np.array(out), dtype=F64)
-    return out[:, 0], out[:, 1:4], out[:, 4:7], out[:, 7:10]
+    return coal_shape(kind, size)
 
 
 def _poses(g, ga, gb, scale, n=N, depth=0.3):
