@@ -26,8 +26,8 @@ from diffmech.model import systems
 from diffmech.model.collision import Shape, set_collision_shapes
 from diffmech.sim import Scene, rollout
 from diffmech.spatial import matrix_to_quat, quat_to_matrix
+from test_geometry_coal import _rotations, coal_shape
 from test_geometry_coal import coal_distance as _coal
-from test_geometry_coal import coal_shape
 
 F64 = torch.float64
 N = 200  # random poses per pair type
@@ -38,15 +38,6 @@ PHI_TOL = 1e-12
 DIR_TOL = 1e-10
 STEPS = 100  # of 2 ms in the scene tests
 STEPS_URDF = 60  # 3 cm of fall take 39
-
-
-def _rotations(g: torch.Generator, n: int) -> torch.Tensor:
-    q = torch.randn(n, 4, dtype=F64, generator=g)
-    w, x, y, z = (q / q.norm(dim=-1, keepdim=True)).unbind(-1)
-    return torch.stack([
-        torch.stack([1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)], -1),
-        torch.stack([2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)], -1),
-        torch.stack([2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)], -1)], -2)
 
 
 def _hull(seed: int, n: int, axes) -> cv.ConvexHull:
