@@ -51,7 +51,8 @@ What is refused (``ModelError`` naming the element): ball joints with springs, a
 level, equality constraints, tendons that act (stiffness, damping, friction loss, limits,
 armature, or used by an actuator), gravity compensation, nonlinear joint damping or stiffness
 polynomials. What is ignored with one warning naming it: tendons that do nothing, fluid forces
-(``density``/``viscosity``, the swimmer's), sensors and sites. Actuators are read (:class:`Actuator`,
+(``density``/``viscosity``, the swimmer's; a ``Scene.from_mjcf`` scene with ``solver="mujoco"`` applies
+them, :mod:`diffmech.sim.soft_fluid`), sensors and sites. Actuators are read (:class:`Actuator`,
 ``meta["mjcf"]["actuators"]``); :func:`actuator_forces` turns controls into joint forces.
 """
 
@@ -199,7 +200,7 @@ def _vec(x) -> tuple[float, float, float]:
     return tuple(float(a) for a in x)
 
 
-def _check_model(m, src: str) -> None:
+def _check_model(m, src: str, fluid: bool = False) -> None:
     """Refuse what would change the dynamics and diffmech cannot represent; warn once about what is
     ignored."""
     ignored = []
@@ -234,7 +235,7 @@ def _check_model(m, src: str) -> None:
     grav = np.nonzero(m.body_gravcomp != 0)[0]
     if len(grav):
         raise ModelError(f"{src}: body '{_name(m, 'body', int(grav[0]))}' has gravcomp; not supported")
-    if m.opt.density != 0 or m.opt.viscosity != 0 or np.any(m.opt.wind != 0):
+    if not fluid and (m.opt.density != 0 or m.opt.viscosity != 0 or np.any(m.opt.wind != 0)):
         ignored.append(f"fluid forces (option density={m.opt.density:g}, viscosity={m.opt.viscosity:g})")
     if m.nsensor:
         ignored.append(f"{m.nsensor} sensor(s)")
@@ -302,7 +303,8 @@ def _mesh_hull(m, k: int):
     return hull_from_points(np.asarray(m.mesh_vert[a:a + n], dtype=np.float64), where=f"mesh {name!r}")
 
 
-def mjcf_specs(m, src: str = "<mjcf>", *, combine: bool = True, scene: bool = False) -> list[MjcfTree]:
+def mjcf_specs(m, src: str = "<mjcf>", *, combine: bool = True, scene: bool = False,
+               fluid: bool = False) -> list[MjcfTree]:
     """The kinematic trees of a compiled ``mujoco.MjModel``.
 
     Args:
@@ -315,18 +317,22 @@ def mjcf_specs(m, src: str = "<mjcf>", *, combine: bool = True, scene: bool = Fa
             after its top-level body, or after the file (``<mujoco model>``) when it is the only one.
         scene: put joint damping in ``meta["mjcf"]`` only (the scene applies it as an implicit drive,
             as MuJoCo's Euler integrator does) instead of in the joints.
+        fluid: the caller applies the file's fluid forces (a ``solver="mujoco"`` scene does): no
+            warning that they are ignored.
 
     Returns:
         The trees. Each ``spec.meta["mjcf"]`` holds ``qpos_index`` and ``qvel_index`` (for each
         diffmech ``q``/``v`` coordinate its index in MuJoCo's ``qpos``/``qvel``, the quaternion
         reordered), ``armature`` and ``damping`` (per joint in ``q`` order), ``actuators`` (list of
-        :class:`Actuator`), ``timestep`` (s), ``free`` (bool), ``source``.
+        :class:`Actuator`), ``timestep`` (s), ``free`` (bool), ``source``, ``geoms`` (one
+        ``(MuJoCo geom id, link name, 4x4 pose of the geom in the link frame)`` per colliding geom of
+        the tree, every type; :mod:`diffmech.contact.soft_geoms` reads it).
 
     Raises:
         ModelError: see the module docstring; also a file whose top-level trees cannot form one
             model when ``combine`` (a free-floating tree beside others).
     """
-    _check_model(m, src)
+    _check_model(m, src, fluid)
     acts = _actuators(m, src)
     nbody = m.nbody
     children: dict[int, list[int]] = {b: [] for b in range(nbody)}
@@ -375,6 +381,7 @@ def _tree(m, src, root: int, tops: list[int], floating: bool, acts, gravity, sce
     damping: list[float] = []
     jnt_order: list[int] = []
     actuators: list[Actuator] = []
+    geoms: list[tuple[int, str, np.ndarray]] = []  # (MuJoCo geom id, link, geom pose in the link frame)
     used: dict[str, set[str]] = {"link": set(), "joint": set()}
 
     def unique(name: str, kind: str = "link") -> str:
@@ -397,6 +404,7 @@ def _tree(m, src, root: int, tops: list[int], floating: bool, acts, gravity, sce
         for g in _geoms(m, b):
             if not _collides(m, g):
                 continue  # visual only: MuJoCo never collides it
+            geoms.append((g, link, offset @ _pose(m.geom_pos[g], m.geom_quat[g])))
             shape, bad = _geom_shape(m, g, offset)
             if shape is None:
                 unsupported.setdefault(bad, []).append(_name(m, "geom", g))
@@ -485,7 +493,7 @@ def _tree(m, src, root: int, tops: list[int], floating: bool, acts, gravity, sce
         qvel_index += [d, d + 1, d + 2] if ball else [d]
     meta = {"mjcf": {"qpos_index": qpos_index, "qvel_index": qvel_index, "armature": armature,
                      "damping": damping, "actuators": actuators, "timestep": float(m.opt.timestep),
-                     "free": floating, "source": src}}
+                     "free": floating, "source": src, "geoms": geoms}}
     spec = RobotSpec(name=name, links=links, joints=joints, source=src, gravity=gravity, meta=meta)
     return MjcfTree(spec=spec, floating_base=floating, shapes=shapes, friction=friction, root=root)
 
@@ -684,7 +692,7 @@ def actuator_forces(model, ctrl, q=None, v=None) -> Tensor:
             if act.forcerange is not None:
                 f = f.clamp(act.forcerange[0], act.forcerange[1])
             cols[off_v + k] = cols[off_v + k] + act.gear * f
-        parts.append(torch.stack(cols, -1))
+        parts.append(torch.stack(cols, -1) if cols else ctrl.new_zeros(*ctrl.shape[:-1], 0))  # a static model
     return torch.cat(parts, -1)
 
 
@@ -725,6 +733,7 @@ def _static_tree(m, src: str, trees: list[MjcfTree], world_geoms: list[int]) -> 
     t = _tree(m, src, 0, tops, False, {}, gravity, True, children, body_joints, unsupported)
     world = t.spec.links[0].name
     for g in world_geoms:
+        t.spec.meta["mjcf"]["geoms"].append((g, world, _pose(m.geom_pos[g], m.geom_quat[g])))
         shape, bad = _geom_shape(m, g, np.eye(4))
         if shape is None:
             unsupported.setdefault(bad, []).append(_name(m, "geom", g))
@@ -749,7 +758,8 @@ def scene_from_mjcf(cls, path, dtype, device, kwargs: dict):
     """:meth:`diffmech.sim.Scene.from_mjcf` (``cls`` the scene class)."""
     src = os.fspath(path)
     m = compile_mjcf(src)
-    trees = mjcf_specs(m, src, combine=False, scene=True)
+    solver = kwargs.get("solver", "mujoco")
+    trees = mjcf_specs(m, src, combine=False, scene=True, fluid=solver == "mujoco")
     ground, ground_friction, world_geoms = False, None, []
     for g in _geoms(m, 0):
         if not _collides(m, g):
@@ -777,8 +787,9 @@ def scene_from_mjcf(cls, path, dtype, device, kwargs: dict):
         # touches the ground and keeps its own
         floor = 0.0 if t is static else ground_friction or 0.0
         frictions[name] = {link: {"friction": max(f, floor)} for link, f in t.friction.items()}
-    opts = dict(ground=ground, drives=drives or None,
-                self_collision=any(_self_collision(m, t.root) for t in trees))
+    # MuJoCo's own step keeps damping and armature in scene.mujoco (from the compiled model), not in drives
+    opts = dict(ground=ground, drives=(drives or None) if solver != "mujoco" else None,
+                self_collision=any(_self_collision(m, t.root) for t in trees), solver=solver)
     if ground_friction is not None:
         opts["friction"] = ground_friction
     opts.update(kwargs)
@@ -787,4 +798,17 @@ def scene_from_mjcf(cls, path, dtype, device, kwargs: dict):
         for name, table in frictions.items():
             scene.link_coefficients[name] = table
     scene.timestep = float(m.opt.timestep)
+    if solver == "mujoco":
+        from ..contact.soft_geoms import geom_table_from_mjmodel
+        from ..sim.soft_fluid import fluid_model
+        from ..sim.soft_step import options_from_mjmodel
+
+        try:
+            scene.mujoco = options_from_mjmodel(m, scene, src)
+            scene.mujoco.geoms = geom_table_from_mjmodel(m, scene)
+            scene.mujoco.fluid = fluid_model(m, scene)
+        except ModelError as e:  # what MuJoCo's contact model here lacks; the hard-contact solvers may load it
+            where = "" if str(e).startswith(src) else f"{src}: "
+            raise ModelError(f"{where}{e} (Scene.from_mjcf(..., solver='pgs') loads the file with diffmech's hard "
+                             "contacts)") from None
     return scene

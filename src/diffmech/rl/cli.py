@@ -84,7 +84,9 @@ def add_parser(sub) -> None:
 
 
 def _train_options(t: argparse.ArgumentParser) -> None:
-    t.add_argument("--env", required=True, choices=ENVS, help="task")
+    t.add_argument("--env", required=True, choices=ENVS, metavar="ENV",
+                   help="task: nlink-reach, ant (diffmech's own Ant), or one of gymnasium's MuJoCo v5 tasks rebuilt "
+                        "from its XML files (diffmech.rl.make): " + ", ".join(ENVS[2:]))
     t.add_argument("--links", type=positive_int, default=2,
                    help="links of the pendulum (nlink-reach; default: %(default)s)")
     t.add_argument("--algo", required=True, choices=ALGOS, help="algorithm")

@@ -6,7 +6,9 @@ take), :class:`GymVectorEnv` all ``num_envs`` of a batched environment at once (
 next episode's first observation, the last one is in ``info["final_obs"]`` where
 ``info["_final_obs"]`` is true). :func:`register` adds the ids ``diffmech/NLinkReach-v0``
 (keyword ``links=n`` and those of :class:`~diffmech.rl.env.NLinkReach`) and ``diffmech/Ant-v0``
-(keywords of :class:`~diffmech.rl.ant.Ant`) to gymnasium's registry;
+(keywords of :class:`~diffmech.rl.ant.Ant`) and, for gymnasium's MuJoCo tasks rebuilt by
+:func:`diffmech.rl.make`, ``diffmech/Ant-v5``, ``diffmech/HalfCheetah-v5``, ... (:data:`TASK_IDS`;
+keywords those of :func:`~diffmech.rl.make`) to gymnasium's registry;
 importing :mod:`diffmech.rl` calls it when gymnasium is installed::
 
     import gymnasium as gym, diffmech.rl
@@ -27,16 +29,24 @@ from gymnasium.vector.utils import batch_space
 
 from .ant import Ant
 from .env import DiffEnv, NLinkReach
+from .tasks import TASKS, make
 
-__all__ = ["GymEnv", "GymVectorEnv", "NLinkReachEnv", "NLinkReachVectorEnv", "AntEnv", "AntVectorEnv", "register",
-           "ENV_IDS"]
+__all__ = ["GymEnv", "GymVectorEnv", "NLinkReachEnv", "NLinkReachVectorEnv", "AntEnv", "AntVectorEnv", "TaskEnv",
+           "TaskVectorEnv", "register", "ENV_IDS", "TASK_IDS"]
 
 ENV_IDS = {"nlink-reach": "diffmech/NLinkReach-v0", "ant": "diffmech/Ant-v0"}
+# gymnasium's MuJoCo v5 tasks (diffmech.rl.make): {"Ant-v5": "diffmech/Ant-v5", ...}
+TASK_IDS = {name: f"diffmech/{name}" for name in TASKS}
 
 
 def _spaces(env: DiffEnv) -> tuple[spaces.Box, spaces.Box]:
     obs = spaces.Box(-np.inf, np.inf, (env.obs_dim,), np.float32)
-    act = spaces.Box(-1.0, 1.0, (env.act_dim,), np.float32)
+    low, high = getattr(env, "action_low", None), getattr(env, "action_high", None)
+    if low is None:
+        act = spaces.Box(-1.0, 1.0, (env.act_dim,), np.float32)
+    else:  # a gymnasium task: the actuators' ctrlrange, as gymnasium's own environment
+        act = spaces.Box(low.cpu().numpy().astype(np.float32), high.cpu().numpy().astype(np.float32),
+                         (env.act_dim,), np.float32)
     return obs, act
 
 
@@ -163,6 +173,22 @@ class AntVectorEnv(GymVectorEnv):
         super().__init__(Ant(num_envs=num_envs, **kwargs))
 
 
+class TaskEnv(GymEnv):
+    """``diffmech/<Task>-v5``: a task of :func:`diffmech.rl.make` as a ``gymnasium.Env`` (actions in
+    the actuators' ``ctrlrange``; the episode ends at the task's horizon, gymnasium's
+    ``max_episode_steps``)."""
+
+    def __init__(self, task: str, render_mode: str | None = None, **kwargs):
+        super().__init__(make(task, 1, **kwargs), render_mode=render_mode)
+
+
+class TaskVectorEnv(GymVectorEnv):
+    """``diffmech/<Task>-v5`` made by ``gymnasium.make_vec(..., vectorization_mode="vector_entry_point")``."""
+
+    def __init__(self, task: str, num_envs: int = 1, **kwargs):
+        super().__init__(make(task, num_envs, **kwargs))
+
+
 def register() -> None:
     """Add the diffmech ids to gymnasium's registry (idempotent)."""
     if ENV_IDS["nlink-reach"] not in gymnasium.registry:
@@ -172,3 +198,7 @@ def register() -> None:
         # the episode's limit is the task's own horizon (the env truncates), not a TimeLimit wrapper
         gymnasium.register(ENV_IDS["ant"], entry_point=f"{__name__}:AntEnv",
                            vector_entry_point=f"{__name__}:AntVectorEnv")
+    for name, gid in TASK_IDS.items():
+        if gid not in gymnasium.registry:
+            gymnasium.register(gid, entry_point=f"{__name__}:TaskEnv", vector_entry_point=f"{__name__}:TaskVectorEnv",
+                               kwargs={"task": name})

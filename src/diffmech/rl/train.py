@@ -39,12 +39,15 @@ from .._progress import Stage
 from ..errors import OptionError
 from .env import DiffEnv, NLinkReach
 
-__all__ = ["ALGOS", "ENVS", "DEFAULT_STEPS", "make_env", "evaluate", "train", "evaluate_run"]
+__all__ = ["ALGOS", "ENVS", "GYM_ENVS", "DEFAULT_STEPS", "make_env", "evaluate", "train", "evaluate_run"]
 
 log = _log.get("rl")
 
 ALGOS = ("sac", "ppo", "policy-enhanced-sac", "sample-enhanced-sac", "shac")
-ENVS = ("nlink-reach", "ant")
+# gymnasium's MuJoCo v5 tasks by lowercase name ("ant-v5", ...): diffmech.rl.make
+GYM_ENVS = ("ant-v5", "halfcheetah-v5", "hopper-v5", "walker2d-v5", "humanoid-v5", "swimmer-v5", "reacher-v5",
+            "invertedpendulum-v5", "inverteddoublependulum-v5")
+ENVS = ("nlink-reach", "ant", *GYM_ENVS)
 # Environment steps of a run when --steps is not given.
 DEFAULT_STEPS = {"shac": 500_000, "ppo": 500_000, "sac": 50_000, "policy-enhanced-sac": 50_000,
                  "sample-enhanced-sac": 50_000}
@@ -74,6 +77,10 @@ def make_env(name: str, num_envs: int = 1, *, links: int = 2, seed: int = 0, dev
         from .ant import Ant
 
         return Ant(num_envs, seed=seed, device=device, **kwargs)
+    if name in GYM_ENVS:
+        from .tasks import make
+
+        return make(name, num_envs, seed=seed, device=device, **kwargs)
     raise OptionError(f"unknown task {name!r}; choose one of {ENVS}")
 
 
@@ -135,7 +142,7 @@ def _sb3_model(algo: str, env_name: str, links: int, seed: int, overrides: dict,
     import stable_baselines3 as sb3
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    from .gym_env import AntEnv, NLinkReachEnv
+    from .gym_env import AntEnv, NLinkReachEnv, TaskEnv
 
     if env_name not in ENVS:
         make_env(env_name)  # raises for unknown tasks
@@ -144,6 +151,7 @@ def _sb3_model(algo: str, env_name: str, links: int, seed: int, overrides: dict,
     def one(i):
         def f():
             e = (NLinkReachEnv(links=links, seed=seed + i, **env_kwargs) if env_name == "nlink-reach"
+                 else TaskEnv(env_name, seed=seed + i, **env_kwargs) if env_name in GYM_ENVS
                  else AntEnv(seed=seed + i, **env_kwargs))
             e.reset(seed=seed + i)
             return e

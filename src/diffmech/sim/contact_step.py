@@ -490,6 +490,9 @@ def contact_step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, inf
     dict back as ``warm`` starts the next step's solver from them (a resting stack then needs a few
     sweeps instead of hundreds).
 
+    With ``Scene(solver="mujoco")`` the step is MuJoCo's (:func:`diffmech.sim.soft_step.soft_step`,
+    whose ``info`` keys are documented there; ``warm`` starts its solver, ``replay`` is not used).
+
     ``replay``: this very step's ``info["lam"]`` from an earlier evaluation at the same state and
     forces (with ``Scene(solver="pgs")``): the step is then recomputed with that contact set and those
     impulses -- no broad phase, no candidate selection, no sweeps -- and gives the same result, bit for
@@ -513,6 +516,13 @@ def contact_step(scene: Scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, inf
     # small dense solves: threads only wait for each other (see one_thread)
     if info is None:
         info = {}
+    if scene.solver == "mujoco":  # MuJoCo's soft constraints and integrators (diffmech.sim.soft_step)
+        from .soft_step import soft_step
+
+        q1, v1 = soft_step(scene, q, v, tau, dt, info, warm)
+        if batch is not None:
+            q1, v1 = q1.reshape(*batch, scene.nq), v1.reshape(*batch, scene.nv)
+        return q1, v1
     with one_thread() if q.shape[0] <= JACOBIAN_MAX_BATCH else contextlib.nullcontext():
         q1, v1 = _step(scene, q, v, tau, dt, info, warm, replay if scene.solver == "pgs" else None)
     if info.get("unconverged"):

@@ -10,6 +10,7 @@ Routes (the strings ``contact_step(..., info=d)`` and ``rollout(..., stats=d)`` 
   same C calls (a replayed step: the step's first stage in one kernel and the contact problem in C,
   with a hand-written reverse pass).
 * ``"torch: <why>"``: the torch implementation (the reference), and why the native one cannot run:
+  ``"torch: mujoco solver"`` (``Scene(solver="mujoco")``, :mod:`diffmech.sim.soft_step`),
   ``"torch: cuda"``, ``"torch: float16"``, ``"torch: torch.func transform"``, ``"torch: 2 models in the
   scene"``, ``"torch: self-collision"``, ``"torch: kernels not built (...)"``, ``"torch: adjoint='autograd'"``,
   ``"torch: native kernels off (DIFFMECH_NATIVE=never)"``...
@@ -44,6 +45,8 @@ def rollout_route(scene: Scene, q0: Tensor, dt: float, adjoint: str) -> tuple[Gr
     """The stepper of a rollout of ``scene`` from ``q0 (B, nq)`` (``None``: :func:`~diffmech.sim.contact_step`
     under the adjoint's recomputation) and the route's name. Call it with grad mode on: which of the
     robot's tensors require grad decides the reverse mode the stepper builds."""
+    if scene.solver == "mujoco":  # MuJoCo's soft step exists in torch only (diffmech.sim.soft_step)
+        return None, _torch("rollout", "mujoco solver")
     if adjoint == "autograd":
         return None, _torch("rollout", "adjoint='autograd'")
     why: list[str] = []

@@ -32,7 +32,7 @@ from ..spatial import rpy_to_matrix
 __all__ = ["Scene", "GROUND", "SOLVERS", "PENETRATION_WARNING", "warn_initial_penetration"]
 
 GROUND = "ground"
-SOLVERS = ("pgs", "smooth")
+SOLVERS = ("pgs", "smooth", "mujoco")
 PENETRATION_WARNING = 5e-3  # m: the default threshold of warn_initial_penetration
 
 
@@ -85,7 +85,20 @@ class Scene(nn.Module):
             ``"smooth"``: the relaxed problem of :mod:`diffmech.contact.smooth` (complementarity
             relaxed by ``smoothing``, friction by ``friction_smoothing``) by Newton's method from
             the PGS solution; forces and gradients vary smoothly across contact changes (a body
-            about to touch, a contact about to slip already has a gradient). Another name: ``OptionError``.
+            about to touch, a contact about to slip already has a gradient).
+            ``"mujoco"`` (the default of :meth:`from_mjcf`): MuJoCo's soft contact model and
+            integrators, as ``mj_step`` computes them (:mod:`diffmech.sim.soft_step`, the page
+            ``docs/mujoco_contact.md``): contacts, joint limits and friction loss as soft
+            constraints with impedance from ``solref`` / ``solimp``, solved by the primal Newton
+            method; Euler (implicit damping), RK4 or implicitfast. A scene from a file keeps the
+            compiled model's options and constants in ``scene.mujoco``
+            (:class:`~diffmech.sim.soft_step.MujocoOptions`); one built in code takes MuJoCo's
+            defaults (Euler, pyramidal cones, ``solref (0.02, 1)``, ``solimp (0.9, 0.95, 0.001, 0.5,
+            2)``), its damping, armature and springs from ``drives`` and the joints, its geoms'
+            sliding friction from ``friction`` and the links' URDF ``<contact>`` values (all read
+            once, as numbers: no gradient reaches them); ``restitution``, ``iterations``, ``tol``,
+            ``baumgarte``, ``bounce_speed``, ``pairs``, ``sizes`` do not apply to it. Another name:
+            ``OptionError``.
         smoothing: ``kappa`` of the smooth solver, J (impulse x separating speed): a candidate
             ``d`` m away feels about ``kappa dt / d`` N s.
         friction_smoothing: ``eps`` of the smooth solver, m/s: slip speed under which friction
@@ -120,6 +133,8 @@ class Scene(nn.Module):
         nq, nv: sizes of the scene's ``q`` and ``v`` (the models' concatenated).
         slices, vslices: ``{name: slice}`` of each model's coordinates in ``q`` and in ``v``.
         models: the models (``nn.ModuleDict``).
+        mujoco: with ``solver="mujoco"``, the options and constants its step reads
+            (:class:`~diffmech.sim.soft_step.MujocoOptions`); None otherwise.
     """
 
     def __init__(self, models, *, ground: bool = True, friction=0.5, restitution=0.0, pairs=None,
@@ -182,7 +197,7 @@ class Scene(nn.Module):
         self.iterations, self.tol = int(iterations), float(tol)
         self.baumgarte, self.bounce_speed = float(baumgarte), float(bounce_speed)
         if solver not in SOLVERS:
-            raise OptionError(f"Scene: unknown solver {solver!r}; choose 'pgs' or 'smooth'")
+            raise OptionError(f"Scene: unknown solver {solver!r}; choose 'pgs', 'smooth' or 'mujoco'")
         if not (smoothing > 0 and friction_smoothing > 0):
             raise ModelError(f"Scene: smoothing and friction_smoothing must be positive, got {smoothing}, "
                              f"{friction_smoothing}")
@@ -201,6 +216,11 @@ class Scene(nn.Module):
         self.shape_sizes: dict[tuple[str, str, int], Tensor] = {}
         for key, value in (sizes or {}).items():
             self._set_size(key, value)
+        self.mujoco = None
+        if solver == "mujoco":  # MuJoCo's defaults; Scene.from_mjcf replaces them by the file's
+            from .soft_step import default_options
+
+            self.mujoco = default_options(self)
 
     @classmethod
     def from_mjcf(cls, path, *, dtype: torch.dtype = torch.float64, device=None, **kwargs) -> Scene:
@@ -216,16 +236,21 @@ class Scene(nn.Module):
         Links collide through their sphere, capsule, cylinder and box geoms (others: one warning);
         a link's friction is the largest sliding friction of its geoms and the ground's (MuJoCo
         takes the larger of a pair). ``self_collision`` is on when the geoms' ``contype`` /
-        ``conaffinity`` let two bodies of one tree that are not parent and child touch. Joint
-        damping and armature become the scene's drives (damping implicit in the velocity, as MuJoCo's
-        ``Euler`` integrator treats it), springs stay in the models; joint limits are enforced.
+        ``conaffinity`` let two bodies of one tree that are not parent and child touch.
         Gravity is the file's; ``scene.timestep`` (s) is its ``<option timestep>`` for the caller's
         ``dt``; the actuators are in each model's ``meta["mjcf"]["actuators"]``
         (:func:`diffmech.model.mjcf.actuator_forces` maps MuJoCo's ``ctrl`` to joint forces).
 
-        For now the contacts are this scene's own solver (``"pgs"`` unless ``solver`` is given), not
-        MuJoCo's soft contact model (``solref``/``solimp``, soft limits), which a later version adds,
-        so trajectories agree with MuJoCo's only until the first contact.
+        The solver is ``"mujoco"`` unless ``solver`` is given: the scene steps as MuJoCo's
+        ``mj_step`` (:mod:`diffmech.sim.soft_step`), with the compiled model's options (timestep,
+        integrator, cone, impratio, tolerance, iterations, disable flags), joint limits
+        (``solref`` / ``solimp`` / ``margin``), dof friction loss, damping, armature, springs and
+        collision geoms (:class:`diffmech.contact.soft_geoms.GeomTable`) in ``scene.mujoco``
+        (:class:`~diffmech.sim.soft_step.MujocoOptions`). With ``solver="pgs"`` or ``"smooth"``
+        the contacts are diffmech's hard contacts: joint damping and armature become the scene's
+        drives (damping implicit in the velocity, as MuJoCo's ``Euler`` integrator treats it),
+        springs stay in the models, joint limits are enforced, and trajectories agree with
+        MuJoCo's only until the first contact.
 
         Args:
             path: the ``.xml`` file.
