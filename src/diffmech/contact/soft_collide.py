@@ -731,7 +731,7 @@ def _plan(table: GeomTable):
         sel = np.nonzero((types[:, 0] == t[0]) & (types[:, 1] == t[1]))[0]
         if len(sel):
             groups.append((t, sel))
-    plan = (groups, contact_parameters(table))
+    plan = (groups, contact_parameters(table), {})  # the last: collide's tensors per dtype and device
     table._soft_plan = (key, plan)
     return plan
 
@@ -761,35 +761,52 @@ def collide(table: GeomTable, geom_pos: Tensor, geom_rot: Tensor) -> SoftContact
     if geom_pos.dim() != 3 or geom_pos.shape[1:] != (G, 3) or geom_rot.shape != (*geom_pos.shape[:2], 3, 3):
         raise ShapeError(f"collide: geom_pos must be (B, {G}, 3) and geom_rot (B, {G}, 3, 3) for a table of {G} geoms, "
                          f"got {tuple(geom_pos.shape)} and {tuple(geom_rot.shape)}")
-    groups, par = _plan(table)
+    groups, par, tcache = _plan(table)
     B, dt, dev = geom_pos.shape[0], geom_pos.dtype, geom_pos.device
-    size = torch.as_tensor(table.size, dtype=dt, device=dev)
-    detect = torch.as_tensor(par["margin"] + par["gap"], dtype=dt, device=dev)
-    outs, pair_of_slot = [], []
-    for t, sel in groups:
+    k = _slot_tensors(table, groups, par, tcache, dt, dev)
+    outs = []
+    for (t, sel), (i1, i2, det) in zip(groups, k["pairs"]):
         fn, n = _FUNCS[t]
-        i1 = torch.as_tensor(table.pairs[sel, 0], device=dev)
-        i2 = torch.as_tensor(table.pairs[sel, 1], device=dev)
-        out = fn(geom_pos[:, i1], geom_rot[:, i1], size[i1], geom_pos[:, i2], geom_rot[:, i2], size[i2],
-                 detect[torch.as_tensor(sel, device=dev)])
+        size = k["size"]
+        out = fn(geom_pos[:, i1], geom_rot[:, i1], size[i1], geom_pos[:, i2], geom_rot[:, i2], size[i2], det)
         P = len(sel)
         outs.append(tuple(x.reshape(B, P * n, *x.shape[3:]) for x in out))
-        pair_of_slot.append(np.repeat(sel, n))
     if outs:
         pos, nrm, tan, dist, found = (torch.cat(x, 1) for x in zip(*outs))
-        slot_pair = np.concatenate(pair_of_slot)
     else:
         pos = nrm = tan = geom_pos.new_zeros(B, 0, 3)
         dist, found = geom_pos.new_zeros(B, 0), torch.zeros(B, 0, dtype=torch.bool, device=dev)
-        slot_pair = np.zeros(0, dtype=np.int64)
     frame = make_frame(nrm, tan)
-    inc = torch.as_tensor(par["margin"][slot_pair], dtype=dt, device=dev)
+    inc = k["includemargin"]
+    return SoftContacts(
+        pos=pos, frame=frame, dist=dist, active=found & (dist < inc), geom1=k["geom1"], geom2=k["geom2"],
+        friction=k["friction"], solref=k["solref"], solimp=k["solimp"], includemargin=inc, condim=k["condim"],
+        found=found)
+
+
+def _slot_tensors(table: GeomTable, groups, par: dict, cache: dict, dt: torch.dtype, dev) -> dict:
+    """The constant tensors of :func:`collide` (geom sizes, per pair type the geom indices and
+    detection distances, per slot the pair's geoms and parameters), kept in the table's plan
+    (``cache``) per dtype and device."""
+    key = (dt, str(dev))
+    got = cache.get(key)
+    if got is not None:
+        return got
+    detect = torch.as_tensor(par["margin"] + par["gap"], dtype=dt, device=dev)
+    pairs, pair_of_slot = [], []
+    for t, sel in groups:
+        i1, i2 = (torch.as_tensor(table.pairs[sel, j], device=dev) for j in (0, 1))
+        pairs.append((i1, i2, detect[torch.as_tensor(sel, device=dev)]))
+        pair_of_slot.append(np.repeat(sel, _FUNCS[t][1]))
+    slot_pair = np.concatenate(pair_of_slot) if pair_of_slot else np.zeros(0, dtype=np.int64)
 
     def per_slot(x, dtype=dt):
         return torch.as_tensor(np.asarray(x)[slot_pair], dtype=dtype, device=dev)
 
-    return SoftContacts(
-        pos=pos, frame=frame, dist=dist, active=found & (dist < inc), geom1=per_slot(table.pairs[:, 0], torch.long),
-        geom2=per_slot(table.pairs[:, 1], torch.long), friction=per_slot(par["friction"]),
-        solref=per_slot(par["solref"]), solimp=per_slot(par["solimp"]), includemargin=inc,
-        condim=per_slot(par["condim"], torch.long), found=found)
+    got = {"size": torch.as_tensor(table.size, dtype=dt, device=dev), "pairs": pairs,
+           "includemargin": per_slot(par["margin"]), "geom1": per_slot(table.pairs[:, 0], torch.long),
+           "geom2": per_slot(table.pairs[:, 1], torch.long), "friction": per_slot(par["friction"]),
+           "solref": per_slot(par["solref"]), "solimp": per_slot(par["solimp"]),
+           "condim": per_slot(par["condim"], torch.long)}
+    cache[key] = got
+    return got

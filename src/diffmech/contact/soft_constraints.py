@@ -172,7 +172,8 @@ def contact_layout(condim) -> tuple[np.ndarray, np.ndarray]:
 
 
 def contact_rows(c, Jt: Tensor, Jr: Tensor | None, v: Tensor, invweight1, invweight2, dt: float,
-                 *, cone: str = "pyramidal", impratio: float = 1.0, refsafe: bool = True) -> Rows:
+                 *, cone: str = "pyramidal", impratio: float = 1.0, refsafe: bool = True,
+                 static: dict | None = None) -> Rows:
     """Rows of ``K`` contact slots (one group of rows per slot, present where ``c.active``).
 
     c: a :class:`~diffmech.contact.soft_collide.SoftContacts` (or any object with its fields):
@@ -188,6 +189,10 @@ def contact_rows(c, Jt: Tensor, Jr: Tensor | None, v: Tensor, invweight1, invwei
     k = 1, 2, ...) or "elliptic" (a normal row, kind 4, then ``condim - 1`` rows along the
     tangents, spin and rolling axes, kind 5; ``c.solreffriction`` (K, 2), if the object has it and
     it is nonzero, sets their damping as in MuJoCo).
+    static: (pyramidal cones) a dict that keeps the per-slot parts that do not depend on the state
+    (row layout, clamped parameters, ``solref`` gains, weights; filled on the first call, read on
+    the next ones); only for per-slot ``(K, ...)`` parameters that need no gradient, one dict per
+    set of them and ``dt``.
     """
     if cone not in ("pyramidal", "elliptic"):
         raise OptionError(f"contact_rows: cone={cone!r} is not 'pyramidal' or 'elliptic'")
@@ -199,14 +204,16 @@ def contact_rows(c, Jt: Tensor, Jr: Tensor | None, v: Tensor, invweight1, invwei
                          f"match dist {tuple(dist.shape)} as (B, K, 3, nv) / (B, K, 3, 3)")
     if cone == "elliptic":
         return _elliptic_rows(c, Jt, Jr, v, invweight1, invweight2, dt, impratio, refsafe)
-    slots, local = contact_layout(c.condim)
-    maxdim = int(torch.as_tensor(c.condim).max()) if K else 1
     dev = dist.device
     like = dist
-    friction = _as(c.friction, like).clamp_min(MINMU).expand(B, K, 5)
+    st = static if static else _contact_static(c, invweight1, invweight2, dt, refsafe, like)
+    if static is not None and not static:
+        static.update(st)
+    s_idx, l_idx = st["s_idx"], st["l_idx"]
+    friction = st["friction"].expand(B, K, 5)
     # rows of the contact frame: normal, tangent1, tangent2, then spin, roll1, roll2
     jc = frame @ Jt
-    if maxdim > 3:
+    if st["maxdim"] > 3:
         if Jr is None:
             raise ShapeError("contact_rows: condim 4/6 contacts need the rotational Jacobian Jr")
         jc = torch.cat([jc, frame @ Jr], dim=-2)
@@ -215,18 +222,12 @@ def contact_rows(c, Jt: Tensor, Jr: Tensor | None, v: Tensor, invweight1, invwei
     mu = friction[..., : ndir - 1, None]
     edges = torch.stack([jn + mu * jc[..., 1:, :], jn - mu * jc[..., 1:, :]], dim=-2)
     cand = torch.cat([jn, edges.reshape(B, K, 2 * (ndir - 1), nv)], dim=-2)
-    s_idx = torch.as_tensor(slots, device=dev)
-    l_idx = torch.as_tensor(local, device=dev)
     J = cand[:, s_idx, l_idx]
 
-    solimp = clamp_solimp(_as(c.solimp, like)).expand(B, K, 5)
-    solref = _as(c.solref, like).expand(B, K, 2)
-    margin = _as(c.includemargin, like).expand(B, K)
-    imp = impedance(solimp, dist, margin)
-    kk, bb = solref_gains(solref, solimp, dt, refsafe=refsafe, what="contact solref")
-    iw1 = _as(invweight1, like).expand(B, K, 2)
-    iw2 = _as(invweight2, like).expand(B, K, 2)
-    tran = iw1[..., 0] + iw2[..., 0]
+    margin = st["margin"].expand(B, K)
+    imp = impedance(st["solimp"].expand(B, K, 5), dist, margin)
+    kk, bb = st["kk"].expand(B, K), st["bb"].expand(B, K)
+    tran = st["tran"].expand(B, K)
     # frictionless: R from the translational weight; pyramid: MuJoCo's R of the first edge pair
     # (diagApprox tran (1 + mu_1^2)), the second set to R / impratio, then all edges share
     # 2 mu^2 R with mu^2 = mu_1^2 R[1] / R[0]
@@ -235,14 +236,30 @@ def contact_rows(c, Jt: Tensor, Jr: Tensor | None, v: Tensor, invweight1, invwei
     r_first = _regulariser(imp, tran + fr0 * fr0 * tran)
     r_second = r_first / max(MINVAL, float(impratio))
     r_edge = 2 * fr0 * fr0 * (r_second / r_first) * r_first
-    condim = torch.as_tensor(c.condim, device=dev).reshape(K)
-    r_slot = torch.where(condim == 1, r_normal, r_edge)
+    r_slot = torch.where(st["condim1"], r_normal, r_edge)
 
     vel = (J @ v.unsqueeze(-1)).squeeze(-1)
     aref = -bb[:, s_idx] * vel - (kk * imp * (dist - margin))[:, s_idx]
-    kind = torch.where(l_idx == 0, KIND_UNILATERAL, KIND_EDGE).to(torch.long)
+    kind = st["kind"]
     exists = torch.as_tensor(c.active, device=dev).expand(B, K)[:, s_idx]
     return Rows(J, aref, r_slot[:, s_idx], kind, torch.zeros_like(aref), exists)
+
+
+def _contact_static(c, invweight1, invweight2, dt, refsafe, like) -> dict:
+    """The state-independent parts of :func:`contact_rows` (pyramidal cones)."""
+    K = like.shape[-1]
+    dev = like.device
+    slots, local = contact_layout(c.condim)
+    s_idx = torch.as_tensor(slots, device=dev)
+    l_idx = torch.as_tensor(local, device=dev)
+    solimp = clamp_solimp(_as(c.solimp, like))
+    kk, bb = solref_gains(_as(c.solref, like), solimp, dt, refsafe=refsafe, what="contact solref")
+    return {"s_idx": s_idx, "l_idx": l_idx, "maxdim": int(torch.as_tensor(c.condim).max()) if K else 1,
+            "friction": _as(c.friction, like).clamp_min(MINMU), "solimp": solimp, "kk": kk, "bb": bb,
+            "margin": _as(c.includemargin, like),
+            "tran": _as(invweight1, like)[..., 0] + _as(invweight2, like)[..., 0],
+            "condim1": torch.as_tensor(c.condim, device=dev).reshape(K) == 1,
+            "kind": torch.where(l_idx == 0, KIND_UNILATERAL, KIND_EDGE).to(torch.long)}
 
 
 def _elliptic_rows(c, Jt, Jr, v, invweight1, invweight2, dt, impratio, refsafe) -> Rows:
@@ -311,7 +328,7 @@ def _elliptic_rows(c, Jt, Jr, v, invweight1, invweight2, dt, impratio, refsafe) 
 
 
 def limit_rows(qval: Tensor, v: Tensor, dof, jrange, margin, solref, solimp, invweight, dt: float,
-               *, refsafe: bool = True) -> Rows:
+               *, refsafe: bool = True, static: dict | None = None) -> Rows:
     """Rows of the limits of ``L`` hinge / slide joints: ``2 L`` rows, per joint lower then upper.
 
     qval: (B, L) joint positions (rad or m); v: (B, nv) generalised velocity; dof: (L,) the joints'
@@ -319,29 +336,41 @@ def limit_rows(qval: Tensor, v: Tensor, dof, jrange, margin, solref, solimp, inv
     solimp: (L, 5) (MuJoCo's ``jnt_solref`` / ``jnt_solimp``, i.e. solreflimit / solimplimit);
     invweight: (L,) ``dof_invweight0`` of the joints' dofs. A row exists where ``dist < margin``
     with ``dist = q - lo`` (lower, J = +e_dof) and ``dist = hi - q`` (upper, J = -e_dof).
+    static: a dict that keeps the parts that do not depend on the state (filled on the first call,
+    read on the next ones); the caller keeps one per set of constants, dtype, device, ``nv`` and ``dt``.
     """
     B, nv = v.shape[-2], v.shape[-1]
     like = v
-    dof = torch.as_tensor(dof, device=v.device, dtype=torch.long).reshape(-1)
-    L = dof.numel()
+    if static:
+        st = static
+        L = st["L"]
+    else:
+        dof = torch.as_tensor(dof, device=v.device, dtype=torch.long).reshape(-1)
+        L = dof.numel()
+        st = {"L": L, "jrange": _as(jrange, like).reshape(L, 2),
+              "sign": torch.tensor([1.0, -1.0], dtype=v.dtype, device=v.device).repeat(L),
+              "dof2": dof.repeat_interleave(2)}
+        J = torch.zeros(2 * L, nv, dtype=v.dtype, device=v.device)
+        J[torch.arange(2 * L, device=v.device), st["dof2"]] = st["sign"]
+        st["J"] = J
+        st["marg"] = _as(margin, like).reshape(L).repeat_interleave(2)
+        st["si"] = clamp_solimp(_as(solimp, like).reshape(L, 5)).repeat_interleave(2, dim=0)
+        sr = _as(solref, like).reshape(L, 2).repeat_interleave(2, dim=0)
+        st["kk"], st["bb"] = solref_gains(sr, st["si"], dt, refsafe=refsafe, what="joint solreflimit")
+        st["iw"] = _as(invweight, like).reshape(L).repeat_interleave(2)
+        st["kind"] = torch.full((2 * L,), KIND_UNILATERAL, dtype=torch.long, device=v.device)
+        if static is not None:
+            static.update(st)
     if qval.shape[-2:] != (B, L):
         raise ShapeError(f"limit_rows: qval {tuple(qval.shape)} is not (B, L) = ({B}, {L})")
-    jrange = _as(jrange, like).reshape(L, 2)
+    jrange = st["jrange"]
     dist = torch.stack([qval - jrange[:, 0], jrange[:, 1] - qval], dim=-1).reshape(B, 2 * L)
-    sign = torch.tensor([1.0, -1.0], dtype=v.dtype, device=v.device).repeat(L)
-    dof2 = dof.repeat_interleave(2)
-    J = torch.zeros(B, 2 * L, nv, dtype=v.dtype, device=v.device)
-    J[:, torch.arange(2 * L, device=v.device), dof2] = sign
-    marg = _as(margin, like).reshape(L).repeat_interleave(2)
-    si = clamp_solimp(_as(solimp, like).reshape(L, 5)).repeat_interleave(2, dim=0)
-    sr = _as(solref, like).reshape(L, 2).repeat_interleave(2, dim=0)
-    imp = impedance(si, dist, marg)
-    kk, bb = solref_gains(sr, si, dt, refsafe=refsafe, what="joint solreflimit")
-    R = _regulariser(imp, _as(invweight, like).reshape(L).repeat_interleave(2)).expand(B, 2 * L)
-    vel = v[:, dof2] * sign
-    aref = -bb * vel - kk * imp * (dist - marg)
-    kind = torch.full((2 * L,), KIND_UNILATERAL, dtype=torch.long, device=v.device)
-    return Rows(J, aref, R, kind, torch.zeros_like(aref), dist < marg)
+    marg = st["marg"]
+    imp = impedance(st["si"], dist, marg)
+    R = _regulariser(imp, st["iw"]).expand(B, 2 * L)
+    vel = v[:, st["dof2"]] * st["sign"]
+    aref = -st["bb"] * vel - st["kk"] * imp * (dist - marg)
+    return Rows(st["J"].expand(B, 2 * L, nv), aref, R, st["kind"], torch.zeros_like(aref), dist < marg)
 
 
 def frictionloss_rows(v: Tensor, dof, frictionloss, solref, solimp, invweight, dt: float,

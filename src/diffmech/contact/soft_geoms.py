@@ -37,7 +37,7 @@ TYPE_NAMES = {0: "plane", 1: "hfield", 2: "sphere", 3: "capsule", 4: "ellipsoid"
 PAIR_TYPES = ((PLANE, SPHERE), (PLANE, CAPSULE), (PLANE, BOX), (SPHERE, SPHERE), (SPHERE, CAPSULE),
               (CAPSULE, CAPSULE), (PLANE, CYLINDER), (SPHERE, BOX), (CAPSULE, BOX), (BOX, BOX),
               (SPHERE, CYLINDER))
-_DSBL_FILTERPARENT = 1 << 9  # mjtDisableBit
+_DSBL_FILTERPARENT = 1 << 10  # mjtDisableBit.mjDSBL_FILTERPARENT
 _ENBL_OVERRIDE = 1 << 0  # mjtEnableBit
 # MuJoCo's default geom: mjs_defaultGeom
 _DEFAULT_SOLREF = (0.02, 1.0)

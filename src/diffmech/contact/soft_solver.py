@@ -58,19 +58,30 @@ _INF = float("inf")
 
 
 def _mv(A: Tensor, x: Tensor) -> Tensor:
+    if A.dim() == 3 and x.dim() == 2:  # bmm directly: matmul's dispatch costs as much as the product here
+        return torch.bmm(A, x.unsqueeze(-1)).squeeze(-1)
     return (A @ x.unsqueeze(-1)).squeeze(-1)
 
 
-def _zones(x: Tensor, kind: Tensor, exists: Tensor, Rf: Tensor):
+class _Masks:
+    """Row-kind masks of a solve, computed once (``exists`` folded in): ``fric`` friction-loss
+    rows, ``eq`` equality rows, ``uni`` limit / frictionless / pyramid-edge rows, all (B, R)."""
+
+    def __init__(self, kind: Tensor, exists: Tensor):
+        self.fric = (kind == KIND_FRICTION) & exists
+        self.eq = (kind == KIND_EQUALITY) & exists
+        self.uni = ((kind == KIND_UNILATERAL) | (kind == KIND_EDGE)) & exists
+        self.any_fric = bool(self.fric.any())
+
+
+def _zones(x: Tensor, mk: _Masks, Rf: Tensor):
     """Per row: quadratic mask and the saturated friction force (+f below, -f above)."""
-    fric = kind == KIND_FRICTION
-    eq = kind == KIND_EQUALITY
-    neg = fric & (x <= -Rf)
-    pos = fric & (x >= Rf)
-    uni = (kind == KIND_UNILATERAL) | (kind == KIND_EDGE)
-    quad = (torch.where(fric, ~(neg | pos), eq) | (uni & (x < 0))) & exists
-    sat = (neg.to(x.dtype) - pos.to(x.dtype)) * exists.to(x.dtype)
-    return quad, sat
+    if not mk.any_fric:  # no friction-loss row: no saturation
+        return mk.eq | (mk.uni & (x < 0)), torch.zeros_like(x)
+    neg = mk.fric & (x <= -Rf)
+    pos = mk.fric & (x >= Rf)
+    quad = mk.eq | (mk.fric & ~(neg | pos)) | (mk.uni & (x < 0))
+    return quad, neg.to(x.dtype) - pos.to(x.dtype)
 
 
 def _cost(a, a0, M, x, D, R, floss, quad, sat):
@@ -82,34 +93,36 @@ def _cost(a, a0, M, x, D, R, floss, quad, sat):
     return gauss + (qc + lin).sum(-1)
 
 
-def _line_search(x0, dv, c1, c2, D, Rf, floss, kind, exists):
+def _line_search(x0, dv, c1, c2, D, Rf, floss, mk: _Masks):
     """Exact minimiser alpha >= 0 of the cost along a descent direction.
 
     x0: (B, R) row residuals J a - aref at alpha = 0; dv: (B, R) J d; c1 = d'(M a - qfrc_smooth),
-    c2 = d' M d (B,). The derivative in alpha is continuous, piecewise linear and non-decreasing;
-    its breakpoints are where a row changes zone.
+    c2 = d' M d (B,); mk: the rows' kinds. The derivative in alpha is continuous, piecewise linear
+    and non-decreasing; its breakpoints are where a row changes zone.
     """
-    fric = (kind == KIND_FRICTION) & exists
-    uni = ((kind == KIND_UNILATERAL) | (kind == KIND_EDGE)) & exists
     inf = torch.full_like(x0, _INF)
+    nz = dv != 0
     # unilateral rows: one breakpoint -x0 / dv ahead when the row leaves or enters x < 0
     act0 = (x0 < 0) | ((x0 == 0) & (dv < 0))
-    ahead_u = uni & (dv != 0) & (act0 == (dv > 0))
-    safe_dv = torch.where(dv == 0, torch.ones_like(dv), dv)
+    ahead_u = mk.uni & nz & (act0 == (dv > 0))
+    safe_dv = torch.where(nz, dv, torch.ones_like(dv))
     b_u = torch.where(ahead_u, -x0 / safe_dv, inf)
-    # friction rows: breakpoints at x = -Rf and x = +Rf when ahead along dv
-    b_lo = (-Rf - x0) / safe_dv
-    b_hi = (Rf - x0) / safe_dv
-    b_lo = torch.where(fric & (dv != 0) & (b_lo > 0), b_lo, inf)
-    b_hi = torch.where(fric & (dv != 0) & (b_hi > 0), b_hi, inf)
     # change of (g1, g2) of the derivative g1 + g2 alpha at each breakpoint
-    sgn = torch.sign(dv)
     q1, q2 = D * x0 * dv, D * dv * dv
-    fdv = floss * dv
-    s_u = torch.where(act0, -torch.ones_like(dv), torch.ones_like(dv))
-    d1 = torch.cat([s_u * q1, sgn * (q1 + fdv), -sgn * (q1 - fdv)], dim=-1)
-    d2 = torch.cat([s_u * q2, sgn * q2, -sgn * q2], dim=-1)
-    bps = torch.cat([b_u, b_lo, b_hi], dim=-1)
+    s_u = 1.0 - 2.0 * act0.to(x0.dtype)  # -1 where the row leaves x < 0, +1 where it enters
+    if mk.any_fric:
+        # friction rows: breakpoints at x = -Rf and x = +Rf when ahead along dv
+        b_lo = (-Rf - x0) / safe_dv
+        b_hi = (Rf - x0) / safe_dv
+        b_lo = torch.where(mk.fric & nz & (b_lo > 0), b_lo, inf)
+        b_hi = torch.where(mk.fric & nz & (b_hi > 0), b_hi, inf)
+        sgn = torch.sign(dv)
+        fdv = floss * dv
+        d1 = torch.cat([s_u * q1, sgn * (q1 + fdv), -sgn * (q1 - fdv)], dim=-1)
+        d2 = torch.cat([s_u * q2, sgn * q2, -sgn * q2], dim=-1)
+        bps = torch.cat([b_u, b_lo, b_hi], dim=-1)
+    else:
+        d1, d2, bps = s_u * q1, s_u * q2, b_u
     bps, order = torch.sort(bps, dim=-1)
     finite = torch.isfinite(bps)
     zero = torch.zeros_like(bps)
@@ -122,7 +135,7 @@ def _line_search(x0, dv, c1, c2, D, Rf, floss, kind, exists):
         # derivative = g1 + g2 alpha with the zones of each row inside the segment (lo, hi)
         alpha = torch.where(torch.isfinite(hi), 0.5 * (lo + hi), lo + 1.0)
         x = x0 + alpha.unsqueeze(-1) * dv
-        quad, sat = _zones(x, kind, exists, Rf)
+        quad, sat = _zones(x, mk, Rf)
         Dq = torch.where(quad, D, torch.zeros_like(D))
         g1 = c1 + (Dq * x0 * dv - sat * floss * dv).sum(-1)
         g2 = c2 + (Dq * dv * dv).sum(-1)
@@ -137,7 +150,8 @@ def _line_search(x0, dv, c1, c2, D, Rf, floss, kind, exists):
     k = ((fend < 0) & finite).sum(-1, keepdim=True)
     lo = starts.gather(-1, k).squeeze(-1)
     hi = ends.gather(-1, k).squeeze(-1)
-    g1, g2 = deriv_coeffs(lo, hi)
+    if bool((k != 0).any()):  # else every environment stays in its first segment: g1, g2 are its own
+        g1, g2 = deriv_coeffs(lo, hi)
     alpha = -g1 / g2
     return torch.maximum(torch.minimum(alpha, hi), lo)
 
@@ -235,13 +249,13 @@ def _scatter_rows(vals_c, cones, B, R):
     return vals_c.new_zeros(B, R).index_copy(1, cones.rows, vals_c[:, cones.mask])
 
 
-def _line_search_newton(x0, dv, c1, c2, D, Rf, floss, kind, exists, coef, cones, iters=60):
+def _line_search_newton(x0, dv, c1, c2, D, Rf, floss, mk, exists, coef, cones, iters=60):
     """Minimiser alpha >= 0 along a descent direction when elliptic cones make the cost
     non-quadratic between breakpoints: Newton's method on the derivative inside a bracket."""
 
     def deriv(alpha):
         x = x0 + alpha.unsqueeze(-1) * dv
-        quad, sat = _zones(x, kind, exists, Rf)
+        quad, sat = _zones(x, mk, Rf)
         cz = _cone_eval(x0, D, coef, exists, cones, dv=dv, alpha=alpha, hessian=False)
         quad = quad | _scatter_rows(cz["bottom"][..., None].expand(-1, -1, 6).to(x.dtype),
                                     cones, *x.shape).bool()
@@ -293,7 +307,7 @@ def solve(M: Tensor, qfrc_smooth: Tensor, rows: Rows, *, tol: float = 1e-10,
     """
     J, aref, R, kind, floss, exists = rows
     B, nv = qfrc_smooth.shape
-    nr = J.shape[-2]
+    nr_all = J.shape[-2]
     if M.shape != (B, nv, nv) or J.shape[:1] + J.shape[2:] != (B, nv):
         raise ShapeError(f"solve: M {tuple(M.shape)}, qfrc_smooth {tuple(qfrc_smooth.shape)} and "
                          f"rows.J {tuple(J.shape)} do not fit (B, nv, nv), (B, nv), (B, R, nv)")
@@ -302,13 +316,27 @@ def solve(M: Tensor, qfrc_smooth: Tensor, rows: Rows, *, tol: float = 1e-10,
     kind = kind.to(J.device)
     cones = _Cones(kind)
     has_cones = cones.n > 0
+    keep = None
+    if not has_cones and nr_all:
+        live = exists.any(0)
+        if not bool(live.all()):
+            # a row that exists in no environment has no force and no cost: the search and the
+            # differentiable step run on the others, the forces are scattered back at the end
+            keep = live.nonzero()[:, 0]
+            J, aref, R, floss, exists = (t.index_select(1, keep) for t in (J, aref, R, floss, exists))
+            kind = kind.index_select(0, keep)
+    nr = J.shape[-2]
+    mk = _Masks(kind, exists)
     coneish = (kind == KIND_CONE_NORMAL) | (kind == KIND_CONE_TANGENT)
     with torch.no_grad():
         Md, fd, Jd, arefd, Rd, flossd = (t.detach() for t in (M, qfrc_smooth, J, aref, R, floss))
-        Rd = torch.where(exists, Rd, torch.ones_like(Rd))
-        Dd = torch.where(exists, 1 / Rd, torch.zeros_like(Rd))
-        Jd = torch.where(exists.unsqueeze(-1), Jd, torch.zeros_like(Jd))
-        arefd = torch.where(exists, arefd, torch.zeros_like(arefd))
+        if bool(exists.all()):  # (one environment after the compaction above): nothing to mask
+            Dd = 1 / Rd
+        else:
+            Rd = torch.where(exists, Rd, torch.ones_like(Rd))
+            Dd = torch.where(exists, 1 / Rd, torch.zeros_like(Rd))
+            Jd = torch.where(exists.unsqueeze(-1), Jd, torch.zeros_like(Jd))
+            arefd = torch.where(exists, arefd, torch.zeros_like(arefd))
         coef = torch.where(exists & coneish, flossd, torch.zeros_like(flossd))
         flossd = torch.where(exists & ~coneish, flossd, torch.zeros_like(flossd))
         Rf = Rd * flossd
@@ -318,7 +346,7 @@ def solve(M: Tensor, qfrc_smooth: Tensor, rows: Rows, *, tol: float = 1e-10,
 
         def state(a):
             x = _mv(Jd, a) - arefd
-            quad, sat = _zones(x, kind, exists, Rf)
+            quad, sat = _zones(x, mk, Rf)
             cz = None
             if has_cones:
                 cz = _cone_eval(x, Dd, coef, exists, cones)
@@ -337,7 +365,7 @@ def solve(M: Tensor, qfrc_smooth: Tensor, rows: Rows, *, tol: float = 1e-10,
 
         def hessian(quad, cz):
             Dq = torch.where(quad, Dd, torch.zeros_like(Dd))
-            H = Md + Jd.transpose(-1, -2) @ (Dq.unsqueeze(-1) * Jd)
+            H = Md + torch.bmm(Jd.transpose(-1, -2), Dq.unsqueeze(-1) * Jd)
             if has_cones:
                 Jc = Jd[:, cones.idx] * cones.mask.to(dtype)[..., None]
                 H = H + (Jc.transpose(-1, -2) @ cz["hess"] @ Jc).sum(1)
@@ -347,6 +375,8 @@ def solve(M: Tensor, qfrc_smooth: Tensor, rows: Rows, *, tol: float = 1e-10,
             # size of the terms the Gauss cost is made of, for its rounding level
             return 0.5 * ((a.abs() + a0.abs()) * _mv(Md.abs(), a.abs() + a0.abs())).sum(-1)
 
+        Jabs = Jd.abs()
+        fd_abs, arefd_abs = fd.abs(), arefd.abs()
         a = a0.clone()
         x, quad, sat, cz, cost = state(a)
         if warmstart is not None:
@@ -354,7 +384,12 @@ def solve(M: Tensor, qfrc_smooth: Tensor, rows: Rows, *, tol: float = 1e-10,
             sw = state(aw)
             use = sw[-1] < cost
             a = torch.where(use.unsqueeze(-1), aw, a)
-            x, quad, sat, cz, cost = state(a)
+            if has_cones:
+                x, quad, sat, cz, cost = state(a)
+            else:  # the state of the start chosen per environment
+                u1 = use.unsqueeze(-1)
+                x, quad, sat = torch.where(u1, sw[0], x), torch.where(u1, sw[1], quad), torch.where(u1, sw[2], sat)
+                cost = torch.where(use, sw[-1], cost)
 
         done = torch.zeros(B, dtype=torch.bool, device=J.device)
         stalled = torch.zeros_like(done)
@@ -365,39 +400,50 @@ def solve(M: Tensor, qfrc_smooth: Tensor, rows: Rows, *, tol: float = 1e-10,
             Ma = _mv(Md, a)
             grad = Ma - fd - _mv(Jd.transpose(-1, -2), force)
             gnorm = sc * grad.norm(dim=-1)
-            # rounding level of the gradient: the size of the terms it is the difference of
-            Dact = torch.where(quad | coneish, Dd, torch.zeros_like(Dd))
-            big = (Ma.abs() + fd.abs() + _mv(Jd.abs().transpose(-1, -2),
-                                             Dact * (_mv(Jd.abs(), a.abs()) + arefd.abs())
-                                             + sat.abs() * flossd)).norm(dim=-1)
-            tol_eff = torch.clamp_min(10 * eps * sc * big, tol)
+            if bool((gnorm < tol).all()):  # the floor below cannot matter: tol_eff >= tol
+                tol_eff = torch.full_like(gnorm, tol)
+            else:
+                # rounding level of the gradient: the size of the terms it is the difference of
+                Dact = torch.where(quad | coneish, Dd, torch.zeros_like(Dd))
+                big = (Ma.abs() + fd_abs + _mv(Jabs.transpose(-1, -2),
+                                               Dact * (_mv(Jabs, a.abs()) + arefd_abs)
+                                               + sat.abs() * flossd)).norm(dim=-1)
+                tol_eff = torch.clamp_min(10 * eps * sc * big, tol)
             done = done | (gnorm < tol_eff) | stalled
             if bool(done.all()) or it == iterations:
                 break
             # Newton direction on the current zones
             L, bad = torch.linalg.cholesky_ex(hessian(quad, cz))
             d = -torch.cholesky_solve(grad.unsqueeze(-1), L).squeeze(-1)
-            d = torch.where((bad != 0).unsqueeze(-1), -torch.cholesky_solve(grad.unsqueeze(-1), LM)
-                            .squeeze(-1), d)
+            if bool((bad != 0).any()):
+                d = torch.where((bad != 0).unsqueeze(-1), -torch.cholesky_solve(grad.unsqueeze(-1), LM)
+                                .squeeze(-1), d)
             dv = _mv(Jd, d)
             c1 = (d * (Ma - fd)).sum(-1)
             c2 = (d * _mv(Md, d)).sum(-1)
             if has_cones:
-                alpha = _line_search_newton(x, dv, c1, c2, Dd, Rf, flossd, kind, exists, coef,
+                alpha = _line_search_newton(x, dv, c1, c2, Dd, Rf, flossd, mk, exists, coef,
                                             cones)
             else:
-                alpha = _line_search(x, dv, c1, c2, Dd, Rf, flossd, kind, exists)
+                alpha = _line_search(x, dv, c1, c2, Dd, Rf, flossd, mk)
             alpha = torch.where(done, torch.zeros_like(alpha), alpha)
             a_new = a + alpha.unsqueeze(-1) * d
             new = state(a_new)
             cost_new = new[-1]
-            # a step near the solution changes the cost below its rounding: accept it then too
-            slack = 64 * eps * (cost.abs() + new_gauss_scale(a_new))
-            step = ~done & (alpha > 0) & (cost_new <= cost + slack)
+            step = ~done & (alpha > 0) & (cost_new <= cost)
+            if not bool((step | done | (alpha <= 0)).all()):
+                # a step near the solution changes the cost below its rounding: accept it then too
+                slack = 64 * eps * (cost.abs() + new_gauss_scale(a_new))
+                step = ~done & (alpha > 0) & (cost_new <= cost + slack)
             stalled = stalled | (~done & ~step)
             improvement = torch.where(step, sc * (cost - cost_new), improvement)
             a = torch.where(step.unsqueeze(-1), a_new, a)
-            x, quad, sat, cz, cost = new if bool(step.all()) else state(a)
+            if has_cones:
+                x, quad, sat, cz, cost = new if bool(step.all()) else state(a)
+            else:  # where no step was taken the state is the one before it
+                s1 = step.unsqueeze(-1)
+                x, quad, sat = torch.where(s1, new[0], x), torch.where(s1, new[1], quad), torch.where(s1, new[2], sat)
+                cost = torch.where(step, cost_new, cost)
             niter = niter + (~done).to(torch.long)
         converged = gnorm < tol_eff
         H = hessian(quad, cz)
@@ -431,6 +477,10 @@ def solve(M: Tensor, qfrc_smooth: Tensor, rows: Rows, *, tol: float = 1e-10,
     g = _mv(M, a_star) - qfrc_smooth - _mv(Jm.transpose(-1, -2), row_force(_mv(Jm, a_star) - arefm))
     qacc = a_star - torch.cholesky_solve(g.unsqueeze(-1), LH).squeeze(-1)
     force = row_force(_mv(Jm, qacc) - arefm)
+    if keep is not None:
+        force = force.new_zeros(B, nr_all).index_copy(1, keep, force)
+        quad = quad.new_zeros(B, nr_all).index_copy(1, keep, quad)
+        sat = sat.new_zeros(B, nr_all).index_copy(1, keep, sat)
     info = {"iterations": niter, "gradient": gnorm, "improvement": improvement,
             "converged": converged, "quadratic": quad, "saturated": sat,
             "cone_middle": cz["middle"] if has_cones else torch.zeros(B, 0, dtype=torch.bool,

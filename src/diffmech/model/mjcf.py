@@ -793,7 +793,13 @@ def scene_from_mjcf(cls, path, dtype, device, kwargs: dict):
     if ground_friction is not None:
         opts["friction"] = ground_friction
     opts.update(kwargs)
-    scene = cls(models, **opts)
+    from ..sim.scene import _BUILDING_FROM_MJCF
+
+    token = _BUILDING_FROM_MJCF.set(True)
+    try:
+        scene = cls(models, **opts)
+    finally:
+        _BUILDING_FROM_MJCF.reset(token)
     if "friction" not in kwargs and "pairs" not in kwargs:
         for name, table in frictions.items():
             scene.link_coefficients[name] = table

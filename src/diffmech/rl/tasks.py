@@ -225,11 +225,13 @@ class MujocoTask(DiffEnv):
         ctrl = action
         q = normalize_free_quaternions(self.scene, q)  # the step of an unnormalised qpos equals that of the unit one
         info: dict = {}
+        warm = None  # each substep's solver starts from the previous one's acceleration (MuJoCo's qacc_warmstart)
         for _ in range(self.frame_skip):
             info = {}
             qs, vs = q, v
             tau = self.actuator_tau(ctrl, q, v)
-            q, v = contact_step(self.scene, q, v, tau, self.sim_dt, info)
+            q, v = contact_step(self.scene, q, v, tau, self.sim_dt, info, warm=warm)
+            warm = info.get("lam")
         return q, v, self._extras(info, qs, vs, ctrl)
 
     def _extras(self, info: dict, qs: Tensor, vs: Tensor, ctrl: Tensor) -> StepExtras:

@@ -14,6 +14,7 @@ they have no entries in ``q`` and ``v`` (their slices are empty).
 
 from __future__ import annotations
 
+import contextvars
 import math
 from collections.abc import Mapping, Sequence
 
@@ -33,6 +34,8 @@ __all__ = ["Scene", "GROUND", "SOLVERS", "PENETRATION_WARNING", "warn_initial_pe
 
 GROUND = "ground"
 SOLVERS = ("pgs", "smooth", "mujoco")
+# set while Scene.from_mjcf builds a scene: its geoms come from the compiled file, not from the shapes
+_BUILDING_FROM_MJCF: contextvars.ContextVar[bool] = contextvars.ContextVar("building_from_mjcf", default=False)
 PENETRATION_WARNING = 5e-3  # m: the default threshold of warn_initial_penetration
 
 
@@ -221,6 +224,10 @@ class Scene(nn.Module):
             from .soft_step import default_options
 
             self.mujoco = default_options(self)
+            if not _BUILDING_FROM_MJCF.get():  # a shape or pair MuJoCo's collision code lacks: refused here
+                from ..contact.soft_geoms import geom_table_default
+
+                self.mujoco.geoms = geom_table_default(self)
 
     @classmethod
     def from_mjcf(cls, path, *, dtype: torch.dtype = torch.float64, device=None, **kwargs) -> Scene:

@@ -56,6 +56,7 @@ INTEGRATORS = ("euler", "rk4", "implicit", "implicitfast")
 _INTEGRATOR_NAMES = {0: "euler", 1: "rk4", 2: "implicit", 3: "implicitfast"}
 _DSBL_CONSTRAINT, _DSBL_EQUALITY, _DSBL_FRICTIONLOSS, _DSBL_LIMIT, _DSBL_CONTACT = 1, 2, 4, 8, 16
 _DSBL_EULERDAMP = 1 << 15  # mjDSBL_EULERDAMP
+_DSBL_WARMSTART, _DSBL_REFSAFE = 1 << 9, 1 << 12  # mjDSBL_WARMSTART, mjDSBL_REFSAFE
 _DEFAULT_SOLREF = (0.02, 1.0)
 _DEFAULT_SOLIMP = (0.9, 0.95, 0.001, 0.5, 2.0)
 _RK4_A = ((0.5,), (0.0, 0.5), (0.0, 0.0, 1.0))
@@ -114,6 +115,7 @@ class MujocoOptions:
     limit_solimp: np.ndarray = field(default_factory=lambda: np.zeros((0, 5)))
     limit_margin: np.ndarray = field(default_factory=lambda: np.zeros(0))
     meaninertia: float = 1.0
+    solver: str = "newton"  # <option solver>: "newton", "cg" (solved by Newton: the same minimiser) or "pgs"
     geoms: object = None
     fluid: object = None
     _tensors: dict = field(default_factory=dict, repr=False)
@@ -157,11 +159,10 @@ def options_from_mjmodel(m, scene, src: str = "<mjcf>") -> MujocoOptions:
     qi, vi = _index(scene)
     opt = m.opt
     integ = _check_integrator(_INTEGRATOR_NAMES.get(int(opt.integrator), str(opt.integrator)), src)
-    if int(opt.solver) != 2:  # mjSOL_PGS 0, mjSOL_CG 1, mjSOL_NEWTON 2
-        name = {0: "PGS", 1: "CG"}.get(int(opt.solver), str(opt.solver))
-        warn(f"{src}: <option solver=\"{name}\">: the mujoco solver solves the same constrained problem by "
-             f"Newton's method, to the tolerance; MuJoCo's {name} stops elsewhere (its iteration limit, "
-             f"{int(opt.iterations)}), so trajectories with contacts agree with mj_step's to about its residual")
+    solver = {0: "pgs", 1: "cg"}.get(int(opt.solver), "newton")  # mjSOL_PGS 0, mjSOL_CG 1, mjSOL_NEWTON 2
+    if solver == "cg":
+        warn(f"{src}: <option solver=\"CG\">: solved by Newton's method, which reaches the same minimiser of "
+             "the strictly convex cost; trajectories agree with mj_step's to about the tolerance")
     cone = "pyramidal" if int(opt.cone) == 0 else "elliptic"
     flags = int(opt.disableflags)
     vi_a = np.asarray(vi, dtype=np.int64)
@@ -187,7 +188,7 @@ def options_from_mjmodel(m, scene, src: str = "<mjcf>") -> MujocoOptions:
     return MujocoOptions(
         timestep=float(opt.timestep), integrator=integ, cone=cone, impratio=float(opt.impratio),
         tolerance=float(opt.tolerance), iterations=int(opt.iterations), disableflags=flags,
-        meaninertia=float(m.stat.meaninertia),
+        meaninertia=float(m.stat.meaninertia), solver=solver,
         damping=damping, damping_extra=damping.copy(),  # the scene's models hold no damping (scene=True)
         armature=np.asarray(m.dof_armature, dtype=np.float64)[vi_a], frictionloss=frictionloss,
         invweight0=np.asarray(m.dof_invweight0, dtype=np.float64)[vi_a],
@@ -444,42 +445,61 @@ def _place(M: Tensor, Mb: Tensor, sv: slice) -> Tensor:
     return M + torch.nn.functional.pad(Mb, (sv.start, nv - sv.stop, sv.start, nv - sv.stop))
 
 
-def _geom_kinematics(scene, lay: _Layout, table, q: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """World poses of the table's geoms, ``pos (B, G, 3)``, ``rot (B, G, 3, 3)``, and the spatial
-    Jacobians of their bodies ``(B, G, 6, nv)`` (rows: linear velocity of the point at the world
-    origin, then angular velocity, world axes; diffmech's ``v`` coordinates; zero for world geoms)."""
-    B, nv = q.shape[0], scene.nv
-    dtype, dev = q.dtype, q.device
+def _geom_plan(scene, table, dtype: torch.dtype, device) -> dict:
+    """How the table's geoms are placed, kept on the table per dtype and device: per moving model
+    its links, its geoms, their links' indices among the model's links (``li``) and among the
+    links asked of it (``pi``) and their poses in the link frames; the world geoms' poses; the
+    permutation from that grouped order back to the table's (None when it is the table's)."""
     cache = table.__dict__.setdefault("_soft_cache", {})
-    key = (dtype, str(dev))
-    if key not in cache:
-        cache[key] = torch.as_tensor(np.asarray(table.pose, dtype=np.float64), dtype=dtype, device=dev)
-    pose = cache[key]  # (G, 4, 4)
+    key = (dtype, str(device))
+    plan = cache.get(key)
+    if plan is not None:
+        return plan
+    pose = torch.as_tensor(np.asarray(table.pose, dtype=np.float64), dtype=dtype, device=device)  # (G, 4, 4)
     G = pose.shape[0]
     by_model: dict[str, list[int]] = {}
     for g in range(G):
         if table.model[g] is not None:
             by_model.setdefault(table.model[g], []).append(g)
-    link_T = [None] * G
-    J = [None] * G
-    zero6 = q.new_zeros(B, 6, nv)
+    groups, order = [], []
     for n, gs in by_model.items():
         m = scene.models[n]
         links = list(dict.fromkeys(table.link[g] for g in gs))
+        li = torch.tensor([m.link_names.index(table.link[g]) for g in gs], dtype=torch.long, device=device)
+        pi = torch.tensor([links.index(table.link[g]) for g in gs], dtype=torch.long, device=device)
+        groups.append((n, links, li, pi, pose[gs]))
+        order += gs
+    world = [g for g in range(G) if table.model[g] is None]
+    order += world
+    inv = None if order == list(range(G)) else torch.as_tensor(np.argsort(order), dtype=torch.long, device=device)
+    plan = {"groups": groups, "world": pose[world] if world else None, "inv": inv,
+            "invweight": torch.as_tensor(np.asarray(table.invweight, dtype=np.float64), dtype=dtype, device=device)}
+    cache[key] = plan
+    return plan
+
+
+def _geom_kinematics(scene, lay: _Layout, table, q: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """World poses of the table's geoms, ``pos (B, G, 3)``, ``rot (B, G, 3, 3)``, and the spatial
+    Jacobians of their bodies ``(B, G, 6, nv)`` (rows: linear velocity of the point at the world
+    origin, then angular velocity, world axes; diffmech's ``v`` coordinates; zero for world geoms)."""
+    B, nv = q.shape[0], scene.nv
+    plan = _geom_plan(scene, table, q.dtype, q.device)
+    Ts, Js = [], []
+    for n, links, li, pi, pose in plan["groups"]:  # one kinematics pass per model serves all its geoms
+        m = scene.models[n]
         T_all, J_l = poses_and_world_jacobians(m, q[:, scene.slices[n]], links)
         sv = scene.vslices[n]
-        J_l = torch.nn.functional.pad(J_l, (sv.start, nv - sv.stop))
-        for g in gs:
-            li = m.link_names.index(table.link[g])
-            link_T[g] = T_all[:, li]
-            J[g] = J_l[:, links.index(table.link[g])]
-    Ts = []
-    for g in range(G):
-        Ts.append(pose[g].expand(B, 4, 4) if link_T[g] is None else link_T[g] @ pose[g])
-        if J[g] is None:
-            J[g] = zero6
-    T = torch.stack(Ts, 1)
-    return T[..., :3, 3], T[..., :3, :3], torch.stack(J, 1)
+        Ts.append(T_all.index_select(1, li) @ pose)
+        Js.append(torch.nn.functional.pad(J_l, (sv.start, nv - sv.stop)).index_select(1, pi))
+    if plan["world"] is not None:
+        w = plan["world"]
+        Ts.append(w.expand(B, *w.shape))
+        Js.append(q.new_zeros(B, w.shape[0], 6, nv))
+    T = Ts[0] if len(Ts) == 1 else torch.cat(Ts, 1)
+    J = Js[0] if len(Js) == 1 else torch.cat(Js, 1)
+    if plan["inv"] is not None:
+        T, J = T.index_select(1, plan["inv"]), J.index_select(1, plan["inv"])
+    return T[..., :3, 3], T[..., :3, :3], J
 
 
 def _soft_modules():
@@ -535,8 +555,14 @@ def _forward(scene, lay: _Layout, q: Tensor, qvel: Tensor, tau_mj: Tensor, dt: f
     _, _, soft_solver = _soft_modules()
     # MuJoCo's convergence test scales by 1 / (meaninertia nv), meaninertia the model's (at qpos0)
     scale = torch.full((q.shape[0],), 1.0 / (opts.meaninertia * max(1, scene.nv)), dtype=q.dtype, device=q.device)
-    qacc, force, sinfo = soft_solver.solve(M, f, rows, tol=opts.tolerance, iterations=opts.iterations,
-                                           warmstart=warmstart, scale=scale)
+    solve, kw = soft_solver.solve, {}
+    if opts.solver == "pgs":  # MuJoCo's PGS, unconverged as mj_step's (it scales its test per island itself)
+        from ..contact import soft_pgs
+        solve, scale = soft_pgs.solve, None
+        kw["order"] = soft_pgs.mujoco_row_order(opts.geoms, out.get("contacts"), rows.kind.shape[0])
+        kw["islands"] = not opts.disableflags & (1 << 18)  # mjDSBL_ISLAND: one problem of all rows
+    qacc, force, sinfo = solve(M, f, rows, tol=opts.tolerance, iterations=opts.iterations,
+                               warmstart=warmstart, scale=scale, **kw)
     out.update(qacc=qacc, force=force, rows=rows, solver=sinfo)
     return out
 
@@ -557,9 +583,9 @@ def _rows(scene, lay: _Layout, q: Tensor, qvel: Tensor, dt: float, out: dict):
         return None
     soft_collide, soft_constraints, _ = _soft_modules()
     if want_floss:  # MuJoCo's order: friction loss, limits, contacts
-        parts.append(_frictionloss_rows(soft_constraints, cst, qvel, dt))
+        parts.append(_frictionloss_rows(soft_constraints, cst, qvel, dt, _refsafe(opts)))
     if want_limit:
-        parts.append(_limit_rows(soft_constraints, cst, q, qvel, dt))
+        parts.append(_limit_rows(soft_constraints, cst, q, qvel, dt, _refsafe(opts)))
     if want_contact:
         table = _geom_table(scene)
         pos, rot, Jg = _geom_kinematics(scene, lay, table, q)
@@ -570,9 +596,12 @@ def _rows(scene, lay: _Layout, q: Tensor, qvel: Tensor, dt: float, out: dict):
             # J_mj = J T^T: T rotates the rows of J^T
             Jt, Jr = (_rotate_bases(lay, q, J.flatten(1, 2).transpose(1, 2), False, dim=-2)
                       .transpose(1, 2).unflatten(1, J.shape[1:3]) for J in (Jt, Jr))
-            iw = torch.as_tensor(np.asarray(table.invweight, dtype=np.float64), dtype=q.dtype, device=q.device)
+            plan = _geom_plan(scene, table, q.dtype, q.device)
+            iw = plan["invweight"]
+            static = plan.setdefault(("contact_rows", float(dt)), {}) if opts.cone == "pyramidal" else None
             parts.append(soft_constraints.contact_rows(con, Jt, Jr, qvel, iw[con.geom1], iw[con.geom2], dt,
-                                                       cone=opts.cone, impratio=opts.impratio))
+                                                       cone=opts.cone, impratio=opts.impratio, static=static,
+                                                       refsafe=_refsafe(opts)))
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else soft_constraints.cat_rows(*parts)
@@ -594,18 +623,25 @@ def _contact_jacobians(con, Jg: Tensor) -> tuple[Tensor, Tensor]:
     return Jt, ang
 
 
-def _limit_rows(sc, cst: dict, q: Tensor, qvel: Tensor, dt: float):
+def _refsafe(opts) -> bool:
+    """MuJoCo keeps solref time constants at least ``2 dt`` unless ``refsafe`` is disabled."""
+    return not opts.disableflags & _DSBL_REFSAFE
+
+
+def _limit_rows(sc, cst: dict, q: Tensor, qvel: Tensor, dt: float, refsafe: bool = True):
     """Rows of the limited joints (:func:`diffmech.contact.soft_constraints.limit_rows`)."""
     dof = cst["limit_dof"]
+    static = cst.setdefault(("limit_rows", qvel.shape[-1], float(dt), refsafe), {})  # the state-independent parts
     return sc.limit_rows(q.index_select(1, cst["limit_q"]), qvel, dof, cst["limit_range"], cst["limit_margin"],
-                         cst["limit_solref"], cst["limit_solimp"], cst["invweight0"][dof], dt)
+                         cst["limit_solref"], cst["limit_solimp"], cst["invweight0"][dof], dt, static=static,
+                         refsafe=refsafe)
 
 
-def _frictionloss_rows(sc, cst: dict, qvel: Tensor, dt: float):
+def _frictionloss_rows(sc, cst: dict, qvel: Tensor, dt: float, refsafe: bool = True):
     """Rows of the dofs with friction loss (:func:`diffmech.contact.soft_constraints.frictionloss_rows`)."""
     dof = (cst["frictionloss"] > 0).nonzero()[:, 0]
     return sc.frictionloss_rows(qvel, dof, cst["frictionloss"][dof], cst["solreffriction"][dof],
-                                cst["solimpfriction"][dof], cst["invweight0"][dof], dt)
+                                cst["solimpfriction"][dof], cst["invweight0"][dof], dt, refsafe=refsafe)
 
 
 # ------------------------------------------------------------------ the step
@@ -641,7 +677,7 @@ def soft_step(scene, q: Tensor, v: Tensor, tau: Tensor, dt: float, info: dict | 
     tau_mj = _rotate_bases(lay, q, tau, False)
     qvel = _rotate_bases(lay, q, v, False)
     ws = warm.get("qacc") if isinstance(warm, dict) else None
-    if ws is not None and (ws.shape != qvel.shape or ws.dtype != qvel.dtype):
+    if ws is not None and (ws.shape != qvel.shape or ws.dtype != qvel.dtype or opts.disableflags & _DSBL_WARMSTART):
         ws = None  # another batch: no start
     ev = _forward(scene, lay, q, qvel, tau_mj, h, ws)
     if opts.integrator == "rk4":
