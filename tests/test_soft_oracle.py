@@ -396,8 +396,8 @@ def _settled(scene, m, steps: int, seed: int, qpos=None):
     return mjcf_state_to_diffmech(scene, d.qpos.copy(), d.qvel.copy())
 
 
-# 21 s (2 shared cores); one measurement had the autograd adjoint's backward pass through the 20 RK4
-# steps at 26 s, the checkpointed one at 2.5 s
+# 5-8 s on 2 shared cores (10 steps; the autograd adjoint's backward runs on one thread, as the
+# checkpointed one's: at two it took ten times longer under load)
 @pytest.mark.slow
 def test_gradients_ant():
     """The Ant (RK4, dt 0.01) with two feet on the floor, 10 steps; the torso's mass."""

@@ -175,6 +175,80 @@ class _Checkpointed(torch.autograd.Function):
         return (None, None, None, None, None, None, None, None, None, aq, av, gtau, *gp)
 
 
+class _ThreadsHeld:
+    """The thread count of an autograd-adjoint rollout's backward pass: entered when the pass reaches
+    the rollout's outputs, left when it reaches its inputs or, failing that, when the pass ends."""
+
+    def __init__(self, work: int, batch: int):
+        self.work, self.batch, self.stack, self.task = work, batch, None, -1
+        _leave_stale()
+
+    def enter(self) -> None:
+        if self.stack is not None:
+            return
+        _leave_stale()
+        self.stack = contextlib.ExitStack()
+        if threads.policy() != "torch":
+            self.stack.enter_context(threads.using(self.work))
+        if self.batch <= JACOBIAN_MAX_BATCH:
+            self.stack.enter_context(one_thread())
+        self.task = torch._C._current_graph_task_id()
+        _ENTERED.append(self)
+        # the pass may never reach an input that leaves (none requires grad): leave when it ends
+        torch.autograd.Variable._execution_engine.queue_callback(self.leave)
+
+    def leave(self) -> None:
+        if self.stack is not None:
+            stack, self.stack = self.stack, None
+            stack.close()
+            if self in _ENTERED:
+                _ENTERED.remove(self)
+
+
+# the two engine hooks the hold needs (private torch API, present in torch 2.x): without them no hold
+_CAN_HOLD = (hasattr(torch._C, "_current_graph_task_id")
+             and hasattr(getattr(torch.autograd.Variable, "_execution_engine", None), "queue_callback"))
+
+# entered and not yet left; a pass that raised runs no callback, and torch keeps its graph: such a hold
+# is left by the next autograd-adjoint rollout or backward pass through one
+_ENTERED: list[_ThreadsHeld] = []
+
+
+def _leave_stale() -> None:
+    now = torch._C._current_graph_task_id()
+    for held in [h for h in _ENTERED if h.task != now]:
+        held.leave()
+
+
+class _EnterThreads(torch.autograd.Function):
+    """Identity on the rollout's outputs; its backward sets the thread count of the rest of the pass."""
+
+    @staticmethod
+    def forward(ctx, held, Q, V):
+        ctx.held = held
+        return Q.clone(), V.clone()  # not views: the caller may write into the trajectory
+
+    @staticmethod
+    def backward(ctx, gQ, gV):
+        ctx.held.enter()
+        return None, gQ, gV
+
+
+class _LeaveThreads(torch.autograd.Function):
+    """Identity on a rollout input; its backward gives torch's thread count back (the graph above the
+    rollout, a policy network's say, runs under the caller's setting)."""
+
+    @staticmethod
+    def forward(ctx, held, x):
+        ctx.held = held
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.held.leave()
+        return None, g
+
+
 def _nbytes(warm) -> int:
     """Bytes of the tensors of a step's warm start (a dict of impulses or the stepper's ``Contacts``)."""
     return sum(t.numel() * t.element_size() for t in warm.values())
@@ -356,6 +430,14 @@ def scene_rollout(
         _, route = rollout_route(scene, q0f, dt, adjoint)
         if stats is not None:
             stats["route"] = route
+        # torch's engine runs this graph's backward pass, outside the thread decision every diffmech call and
+        # the checkpointed backward make: on a busy machine its two-thread index_add (the index_select
+        # backward of the kinematics, 2 ms a call against 8 us on one thread) made the pass ten times slower
+        held = _ThreadsHeld(threads.work_of(q0f, scene.nv), B) if torch.is_grad_enabled() and _CAN_HOLD else None
+        if held is not None:
+            q0f, v0f = (_LeaveThreads.apply(held, x) if x.requires_grad else x for x in (q0f, v0f))
+            if tauf is not None and tauf.requires_grad:
+                tauf = _LeaveThreads.apply(held, tauf)
         q, v = q0f, v0f
         Q, V = [q], [v]
         warm: dict = {}
@@ -374,6 +456,8 @@ def scene_rollout(
             stage.update()
         stage.close()
         Qs, Vs = torch.stack(Q, 1), torch.stack(V, 1)
+        if held is not None and (Qs.requires_grad or Vs.requires_grad):
+            Qs, Vs = _EnterThreads.apply(held, Qs, Vs)
     else:
         ps = _trainable(scene, policy, params or [])
         if policy is not None and torch.is_grad_enabled():  # no backward pass without grad mode: nothing to refuse
