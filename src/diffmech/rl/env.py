@@ -198,6 +198,12 @@ class DiffEnv(abc.ABC):
         action = self._check_action(action, q.shape[0])
         q1, v1 = self.simulate(q, v, action)
         obs1, rew, term = self.observe(q1, v1, t + 1), self.reward(q, v, q1, v1, action), self.terminal(q1, v1)
+        return self._guarded(q1, v1, obs1, rew, term)
+
+    def _guarded(self, q1: Tensor, v1: Tensor, obs1: Tensor, rew: Tensor, term: Tensor
+                 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """A transition's outputs with the states that ran away (:meth:`diverging`) terminated, their
+        reward 0 and their observation made finite, and those ``(B,)`` flags."""
         bad = self.diverging(q1, v1)
         if bool(bad.any()):
             # finite stand-ins, so that neither a normaliser nor a network downstream turns into NaN

@@ -284,12 +284,7 @@ class MujocoTask(DiffEnv):
         obs1 = self.obs_from(q1, v1, ex)
         rew = self.reward_from(q, v, q1, v1, action, ex)
         term = self.terminal_from(q1, v1, ex)
-        bad = self.diverging(q1, v1)
-        if bool(bad.any()):
-            rew = torch.where(bad, torch.zeros_like(rew), rew)
-            obs1 = torch.where(bad[:, None], torch.nan_to_num(obs1.detach(), nan=0.0, posinf=0.0, neginf=0.0), obs1)
-            term = term | bad
-        return q1, v1, obs1, rew, term, bad
+        return self._guarded(q1, v1, obs1, rew, term)
 
     # ------------------------------------------------------------------ the task
     def observe(self, q: Tensor, v: Tensor, t: Tensor) -> Tensor:
