@@ -5,12 +5,11 @@ MuJoCo 4.0), MuJoCo's ``mj_rnePostConstraint`` for the contact wrenches, central
 step sizes for the reward's gradient w.r.t. the action, single environments for the batched one.
 """
 
+import gymnasium  # noqa: E402
+import mujoco  # noqa: E402
 import numpy as np
 import pytest
 import torch
-
-gymnasium = pytest.importorskip("gymnasium")
-mujoco = pytest.importorskip("mujoco")
 
 from diffmech.errors import OptionError  # noqa: E402
 from diffmech.rl import make  # noqa: E402

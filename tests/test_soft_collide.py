@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import os
 
+import mujoco  # noqa: E402
 import numpy as np
 import pytest
 import torch
-
-mujoco = pytest.importorskip("mujoco")
 
 from diffmech.contact.soft_collide import collide  # noqa: E402
 from diffmech.contact.soft_geoms import (  # noqa: E402
@@ -182,7 +181,7 @@ def test_pairs_match_mujoco(kind, tmp_path):
 
 
 def _gym_xml(name: str) -> str:
-    gymnasium = pytest.importorskip("gymnasium")
+    import gymnasium
     return os.path.join(os.path.dirname(gymnasium.__file__), "envs/mujoco/assets", name)
 
 

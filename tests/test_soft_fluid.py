@@ -7,11 +7,10 @@ gradients w.r.t. ``q`` and ``v``.
 
 import os
 
+import mujoco  # noqa: E402
 import numpy as np
 import pytest
 import torch
-
-mujoco = pytest.importorskip("mujoco")
 
 from diffmech.errors import ModelError  # noqa: E402
 from diffmech.model.mjcf import mjcf_state_to_diffmech  # noqa: E402
@@ -34,7 +33,7 @@ def _quiet():
 
 
 def _swimmer_path():
-    gymnasium = pytest.importorskip("gymnasium")
+    import gymnasium
     return os.path.join(os.path.dirname(gymnasium.__file__), "envs", "mujoco", "assets", "swimmer.xml")
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import warnings
 from types import SimpleNamespace
 
+import mujoco  # noqa: E402
 import numpy as np
 import pytest
 import torch
@@ -38,8 +39,6 @@ from diffmech.contact.soft_constraints import (
 )
 from diffmech.contact.soft_solver import solve
 from diffmech.errors import OptionError, ShapeError
-
-mujoco = pytest.importorskip("mujoco")
 
 F64 = torch.float64
 

@@ -10,9 +10,6 @@ import os
 import numpy as np
 import pytest
 
-pytest.importorskip("mujoco")
-pytest.importorskip("gymnasium")
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "experiments", "transplant_v5.py")
 

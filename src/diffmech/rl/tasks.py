@@ -38,6 +38,7 @@ Unknown task names and keywords raise :class:`~diffmech.errors.OptionError` nami
 
 from __future__ import annotations
 
+import abc
 import math
 import os
 from typing import NamedTuple
@@ -300,11 +301,13 @@ class MujocoTask(DiffEnv):
     def terminal(self, q1, v1):
         return self.terminal_from(q1, v1, self.fresh_extras(q1, v1))
 
+    @abc.abstractmethod
     def obs_from(self, q: Tensor, v: Tensor, ex: StepExtras) -> Tensor:
-        raise NotImplementedError
+        """The task's observation ``(B, obs_dim)`` of the state ``(q, v)`` with the step's extras ``ex``."""
 
+    @abc.abstractmethod
     def reward_from(self, q, v, q1, v1, action, ex: StepExtras) -> Tensor:
-        raise NotImplementedError
+        """The task's reward ``(B,)`` of the step ``(q, v) -> (q1, v1)`` under ``action`` with its extras ``ex``."""
 
     def terminal_from(self, q1, v1, ex: StepExtras) -> Tensor:
         return torch.zeros(q1.shape[0], dtype=torch.bool, device=q1.device)
